@@ -1,0 +1,183 @@
+//! Element formats a weight tensor may be stored in.
+//!
+//! Block-quantized formats follow ggml's definitions (`ggml-common.h`): 32 weights a block,
+//! an f16 scale (and for Q4_1 an f16 minimum) in front of the packed quants.
+
+use std::fmt;
+
+/// How a tensor's elements are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl DType {
+    /// Elements per storage block (1 for plain floats).
+    pub const fn block_len(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => crate::blocks::QK,
+        }
+    }
+
+    /// Bytes per storage block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 => std::mem::size_of::<crate::BlockQ8_0>(),
+            DType::Q4_0 => std::mem::size_of::<crate::BlockQ4_0>(),
+            DType::Q4_1 => std::mem::size_of::<crate::BlockQ4_1>(),
+        }
+    }
+
+    /// Bytes a row of `n` elements occupies, or `None` when `n` is not a whole number of blocks.
+    pub fn row_bytes(self, n: usize) -> Option<usize> {
+        if n % self.block_len() != 0 {
+            return None;
+        }
+        (n / self.block_len()).checked_mul(self.block_bytes())
+    }
+
+    /// Whether the format is block-quantized.
+    pub const fn is_quantized(self) -> bool {
+        self.block_len() > 1
+    }
+
+    /// The ggml type id of this format (as stored in GGUF tensor infos).
+    pub const fn ggml_type(self) -> u32 {
+        match self {
+            DType::F32 => 0,
+            DType::F16 => 1,
+            DType::Q4_0 => 2,
+            DType::Q4_1 => 3,
+            DType::Q8_0 => 8,
+            DType::BF16 => 30,
+        }
+    }
+
+    /// The format for a ggml type id, if Tessera supports it.
+    pub const fn from_ggml_type(t: u32) -> Option<DType> {
+        Some(match t {
+            0 => DType::F32,
+            1 => DType::F16,
+            2 => DType::Q4_0,
+            3 => DType::Q4_1,
+            8 => DType::Q8_0,
+            30 => DType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// Human-readable name of a ggml type id, for error messages about unsupported types.
+    pub fn ggml_type_name(t: u32) -> String {
+        const NAMES: &[&str] = &[
+            "F32",
+            "F16",
+            "Q4_0",
+            "Q4_1",
+            "Q4_2",
+            "Q4_3",
+            "Q5_0",
+            "Q5_1",
+            "Q8_0",
+            "Q8_1",
+            "Q2_K",
+            "Q3_K",
+            "Q4_K",
+            "Q5_K",
+            "Q6_K",
+            "Q8_K",
+            "IQ2_XXS",
+            "IQ2_XS",
+            "IQ3_XXS",
+            "IQ1_S",
+            "IQ4_NL",
+            "IQ3_S",
+            "IQ2_S",
+            "IQ4_XS",
+            "I8",
+            "I16",
+            "I32",
+            "I64",
+            "F64",
+            "IQ1_M",
+            "BF16",
+            "Q4_0_4_4",
+            "Q4_0_4_8",
+            "Q4_0_8_8",
+            "TQ1_0",
+            "TQ2_0",
+            "IQ4_NL_4_4",
+            "IQ4_NL_4_8",
+            "IQ4_NL_8_8",
+            "MXFP4",
+        ];
+        NAMES
+            .get(t as usize)
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| format!("ggml type {t}"))
+    }
+
+    /// Parses a user-facing name such as `q4_1` or `bf16`.
+    pub fn parse(s: &str) -> Option<DType> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "f32" => DType::F32,
+            "f16" => DType::F16,
+            "bf16" => DType::BF16,
+            "q8_0" => DType::Q8_0,
+            "q4_0" => DType::Q4_0,
+            "q4_1" => DType::Q4_1,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+        };
+        f.write_str(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ggml_ids_round_trip() {
+        for d in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+        ] {
+            assert_eq!(DType::from_ggml_type(d.ggml_type()), Some(d));
+            assert_eq!(DType::parse(&d.to_string()), Some(d));
+        }
+        assert_eq!(DType::from_ggml_type(12), None);
+        assert_eq!(DType::ggml_type_name(12), "Q4_K");
+    }
+
+    #[test]
+    fn row_bytes_rejects_partial_blocks() {
+        assert_eq!(DType::Q4_1.row_bytes(64), Some(40));
+        assert_eq!(DType::Q8_0.row_bytes(32), Some(34));
+        assert_eq!(DType::Q4_0.row_bytes(33), None);
+        assert_eq!(DType::F16.row_bytes(3), Some(6));
+    }
+}

@@ -1,0 +1,16 @@
+//! Tessera's core vocabulary: element and block formats ([`DType`], the `Block*` structs),
+//! weight tensors that stay in their stored format ([`WeightTensor`]), and the error type
+//! shared by the layers above.
+//!
+//! Nothing here computes anything heavier than a reference dequantization; kernels live in
+//! `tessera-kernels`.
+
+pub mod blocks;
+pub mod dtype;
+pub mod error;
+pub mod tensor;
+
+pub use blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use tensor::{TensorBytes, WeightTensor};

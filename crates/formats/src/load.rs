@@ -1,0 +1,254 @@
+//! Opens a model (a GGUF file or a Hugging Face folder) into [`ModelFiles`].
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tessera_core::{Error, Result, WeightTensor};
+
+use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+use crate::gguf::{GgufFile, MetaValue};
+
+/// Everything the tokenizer crate needs, as plain data.
+#[derive(Debug, Clone)]
+pub enum TokenizerSource {
+    /// A Hugging Face `tokenizer.json`, verbatim.
+    HfJson(String),
+    /// GGUF `tokenizer.ggml.model = gpt2`: byte-level BPE.
+    GgufBpe {
+        tokens: Vec<String>,
+        token_types: Vec<i32>,
+        merges: Vec<String>,
+        /// `tokenizer.ggml.pre`: which pre-tokenizer regex the model was trained with.
+        pre: String,
+    },
+    /// GGUF `tokenizer.ggml.model = llama`: SentencePiece-style BPE with scores.
+    GgufSpm {
+        tokens: Vec<String>,
+        token_types: Vec<i32>,
+        scores: Vec<f32>,
+        add_space_prefix: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct TokenizerSpec {
+    pub source: TokenizerSource,
+    pub bos_id: Option<u32>,
+    pub eos_ids: Vec<u32>,
+    pub add_bos: bool,
+    pub chat_template: Option<String>,
+}
+
+/// A loaded model: configuration, tensors under canonical GGUF-style names, tokenizer data.
+pub struct ModelFiles {
+    pub name: String,
+    pub config: ModelConfig,
+    pub tensors: HashMap<String, WeightTensor>,
+    pub tokenizer: TokenizerSpec,
+}
+
+impl ModelFiles {
+    pub fn tensor(&self, name: &str) -> Result<&WeightTensor> {
+        self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_string() })
+    }
+
+    /// Bytes of all tensors (what the weights occupy, mapped or owned).
+    pub fn weight_bytes(&self) -> usize {
+        self.tensors.values().map(|t| t.data().len()).sum()
+    }
+}
+
+/// Opens a GGUF file or a Hugging Face model folder.
+pub fn load_model(path: &Path) -> Result<ModelFiles> {
+    if !path.exists() {
+        return Err(Error::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such model file or folder"),
+        });
+    }
+    if path.is_dir() {
+        return crate::hf::load_hf_folder(path);
+    }
+    let f = GgufFile::open(path)?;
+    from_gguf(&f, path)
+}
+
+fn meta_err(key: &str, what: &str) -> Error {
+    Error::Config(format!("GGUF metadata {key}: {what}"))
+}
+
+fn get_usize(f: &GgufFile, key: &str) -> Result<usize> {
+    f.get(key)
+        .ok_or_else(|| meta_err(key, "missing"))?
+        .as_u64()
+        .map(|v| v as usize)
+        .ok_or_else(|| meta_err(key, "not an unsigned integer"))
+}
+
+fn get_f32(f: &GgufFile, key: &str) -> Result<Option<f32>> {
+    match f.get(key) {
+        None => Ok(None),
+        Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| meta_err(key, "not a number")),
+    }
+}
+
+fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
+    let arr = f.get(key).and_then(MetaValue::as_array).ok_or_else(|| meta_err(key, "missing or not an array"))?;
+    arr.iter()
+        .map(|v| v.as_str().map(str::to_string).ok_or_else(|| meta_err(key, "holds a non-string")))
+        .collect()
+}
+
+/// Builds [`ModelFiles`] from a parsed GGUF file.
+pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
+    let arch_name = f
+        .get("general.architecture")
+        .and_then(MetaValue::as_str)
+        .ok_or_else(|| meta_err("general.architecture", "missing"))?
+        .to_string();
+    let (arch, rope_style) = match arch_name.as_str() {
+        // convert_hf_to_gguf permutes llama q/k rows for interleaved-pair rotation.
+        "llama" | "mistral" => (Arch::Llama, RopeStyle::Interleaved),
+        "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
+        _ => return Err(Error::UnknownArchitecture { arch: arch_name }),
+    };
+    let a = |k: &str| format!("{arch_name}.{k}");
+    let hidden_size = get_usize(f, &a("embedding_length"))?;
+    let n_heads = get_usize(f, &a("attention.head_count"))?;
+    let n_kv_heads = match f.get(&a("attention.head_count_kv")) {
+        Some(_) => get_usize(f, &a("attention.head_count_kv"))?,
+        None => n_heads,
+    };
+    let head_dim = match f.get(&a("attention.key_length")) {
+        Some(_) => get_usize(f, &a("attention.key_length"))?,
+        None if n_heads > 0 => hidden_size / n_heads,
+        None => 0,
+    };
+    let rope_dim = match f.get(&a("rope.dimension_count")) {
+        Some(_) => get_usize(f, &a("rope.dimension_count"))?,
+        None => head_dim,
+    };
+    let max_position = get_usize(f, &a("context_length"))?;
+    let tensors: HashMap<String, WeightTensor> = f
+        .tensors
+        .iter()
+        .filter_map(|info| match f.tensor(info) {
+            Ok(t) => Some(Ok((info.name.clone(), t))),
+            // Unsupported formats are reported when a tensor is needed, naming it.
+            Err(Error::UnsupportedTensorType { .. }) => None,
+            Err(e) => Some(Err(e)),
+        })
+        .collect::<Result<_>>()?;
+    // Report an unsupported type for any tensor the model would use.
+    for info in &f.tensors {
+        if tessera_core::DType::from_ggml_type(info.ggml_type).is_none() && info.name != "rope_freqs.weight" {
+            return Err(f.tensor(info).unwrap_err());
+        }
+    }
+    let vocab_size = match f.get(&a("vocab_size")) {
+        Some(_) => get_usize(f, &a("vocab_size"))?,
+        None => f
+            .get("tokenizer.ggml.tokens")
+            .and_then(MetaValue::as_array)
+            .map(|t| t.len())
+            .ok_or_else(|| meta_err("tokenizer.ggml.tokens", "missing"))?,
+    };
+    let rope_scaling = match tensors.get("rope_freqs.weight") {
+        Some(t) => RopeScaling::FreqFactors(t.to_f32_vec()),
+        None => match f.get(&a("rope.scaling.type")).and_then(MetaValue::as_str) {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear {
+                factor: get_f32(f, &a("rope.scaling.factor"))?.unwrap_or(1.0),
+            },
+            Some("yarn") => RopeScaling::Yarn {
+                factor: get_f32(f, &a("rope.scaling.factor"))?.unwrap_or(1.0),
+                original_max_position: get_usize(f, &a("rope.scaling.original_context_length"))?,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            },
+            Some(other) => return Err(Error::Config(format!("unsupported rope scaling type {other:?}"))),
+        },
+    };
+    let config = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size: get_usize(f, &a("feed_forward_length"))?,
+        n_layers: get_usize(f, &a("block_count"))?,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        rms_eps: get_f32(f, &a("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+        rope_theta: get_f32(f, &a("rope.freq_base"))?.unwrap_or(10000.0),
+        rope_dim,
+        rope_style,
+        rope_scaling,
+        max_position,
+        tie_embeddings: !tensors.contains_key("output.weight"),
+    };
+    config.validate()?;
+    let tokenizer = gguf_tokenizer(f)?;
+    let name = f
+        .get("general.name")
+        .and_then(MetaValue::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+    Ok(ModelFiles { name, config, tensors, tokenizer })
+}
+
+fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
+    let model = f
+        .get("tokenizer.ggml.model")
+        .and_then(MetaValue::as_str)
+        .ok_or_else(|| meta_err("tokenizer.ggml.model", "missing"))?;
+    let tokens = string_array(f, "tokenizer.ggml.tokens")?;
+    let token_types: Vec<i32> = match f.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array) {
+        Some(arr) => arr.iter().map(|v| v.as_i64().unwrap_or(1) as i32).collect(),
+        None => vec![1; tokens.len()],
+    };
+    if token_types.len() != tokens.len() {
+        return Err(meta_err("tokenizer.ggml.token_type", "length differs from tokenizer.ggml.tokens"));
+    }
+    let id = |key: &str| -> Option<u32> { f.get(key).and_then(MetaValue::as_u64).map(|v| v as u32) };
+    let source = match model {
+        "gpt2" => TokenizerSource::GgufBpe {
+            tokens,
+            token_types,
+            merges: string_array(f, "tokenizer.ggml.merges")?,
+            pre: f.get("tokenizer.ggml.pre").and_then(MetaValue::as_str).unwrap_or("default").to_string(),
+        },
+        "llama" => {
+            let scores: Vec<f32> = match f.get("tokenizer.ggml.scores").and_then(MetaValue::as_array) {
+                Some(arr) => arr.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
+                None => vec![0.0; tokens.len()],
+            };
+            if scores.len() != tokens.len() {
+                return Err(meta_err("tokenizer.ggml.scores", "length differs from tokenizer.ggml.tokens"));
+            }
+            TokenizerSource::GgufSpm {
+                tokens,
+                token_types,
+                scores,
+                add_space_prefix: f
+                    .get("tokenizer.ggml.add_space_prefix")
+                    .and_then(MetaValue::as_bool)
+                    .unwrap_or(true),
+            }
+        }
+        other => return Err(Error::Tokenizer(format!("unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama)"))),
+    };
+    let default_add_bos = matches!(source, TokenizerSource::GgufSpm { .. });
+    let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
+    if let Some(eot) = id("tokenizer.ggml.eot_token_id") {
+        if !eos_ids.contains(&eot) {
+            eos_ids.push(eot);
+        }
+    }
+    Ok(TokenizerSpec {
+        source,
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_ids,
+        add_bos: f.get("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(default_add_bos),
+        chat_template: f.get("tokenizer.chat_template").and_then(MetaValue::as_str).map(str::to_string),
+    })
+}

@@ -1,0 +1,48 @@
+//! The compute units Tessera runs on. Today: CPU cores, as a persistent [`ThreadPool`].
+//!
+//! A parallel operation hands every unit the same closure with its unit index; the work is
+//! partitioned statically by the caller (contiguous ranges, see [`split_range`]), so a given
+//! (operation, unit count) always assigns the same items to the same unit. That, not luck,
+//! is what keeps results reproducible.
+
+mod pool;
+
+pub use pool::ThreadPool;
+
+/// The `unit`-th of `units` contiguous, near-equal parts of `0..n` (the first `n % units`
+/// parts are one longer).
+pub fn split_range(n: usize, units: usize, unit: usize) -> std::ops::Range<usize> {
+    let units = units.max(1);
+    let base = n / units;
+    let extra = n % units;
+    let start = unit * base + unit.min(extra);
+    let len = base + usize::from(unit < extra);
+    start.min(n)..(start + len).min(n)
+}
+
+/// Like [`split_range`], but every boundary is a multiple of `align` (except the end).
+pub fn split_range_aligned(n: usize, units: usize, unit: usize, align: usize) -> std::ops::Range<usize> {
+    let align = align.max(1);
+    let blocks = n.div_ceil(align);
+    let r = split_range(blocks, units, unit);
+    (r.start * align).min(n)..(r.end * align).min(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn split_covers_exactly_once(n in 0usize..1000, units in 1usize..17, align in 1usize..9) {
+            let mut next = 0;
+            for u in 0..units {
+                let r = split_range_aligned(n, units, u, align);
+                prop_assert_eq!(r.start, next);
+                next = r.end;
+            }
+            prop_assert_eq!(next, n);
+        }
+    }
+}

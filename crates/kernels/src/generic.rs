@@ -1,0 +1,40 @@
+//! Portable kernels. Always complete; the SIMD kernels must match their summation order.
+
+use tessera_core::tensor::dequantize_row;
+use tessera_core::DType;
+
+/// Lanes of the canonical dot product.
+pub const LANES: usize = 8;
+
+/// The canonical f32 dot product: 8 lane accumulators over the first `K - K % 8` elements,
+/// a fixed lane tree, then the tail added in order.
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len() / LANES * LANES;
+    let mut acc = [0f32; LANES];
+    for (ca, cb) in a[..n].chunks_exact(LANES).zip(b[..n].chunks_exact(LANES)) {
+        for l in 0..LANES {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut s = reduce_lanes(&acc);
+    for i in n..a.len() {
+        s += a[i] * b[i];
+    }
+    s
+}
+
+/// The fixed lane tree shared by every dot-product kernel: the upper four lanes are added to
+/// the lower four (as a 256-bit to 128-bit fold does), then pairs, then the last two.
+#[inline]
+pub fn reduce_lanes(acc: &[f32; LANES]) -> f32 {
+    let h = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    let q = [h[0] + h[2], h[1] + h[3]];
+    q[0] + q[1]
+}
+
+/// Dequantizes a stored row to f32 (reference definition).
+pub fn dequantize(dtype: DType, row: &[u8], out: &mut [f32]) {
+    dequantize_row(dtype, row, out)
+}

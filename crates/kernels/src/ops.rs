@@ -1,0 +1,65 @@
+//! Element-wise and row-wise operations of the decoder: RMSNorm, SwiGLU, softmax.
+//! Each is a plain loop over a row; the forward parallelises over rows.
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, accumulated in f64 for a stable mean.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+/// `gate = silu(gate) * up`, in place.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let s = *g / (1.0 + (-*g).exp());
+        *g = s * u;
+    }
+}
+
+/// Softmax in place; returns nothing, handles `-inf` entries.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `x += y`.
+pub fn add_assign(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0];
+        let w = [1.0f32, 0.5, 2.0];
+        let mut o = [0f32; 3];
+        rms_norm(&x, &w, 1e-6, &mut o);
+        let r = ((1.0 + 4.0 + 9.0) / 3.0f32 + 1e-6).sqrt();
+        for i in 0..3 {
+            assert!((o[i] - x[i] / r * w[i]).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_with_masked_entries() {
+        let mut x = [1.0f32, f32::NEG_INFINITY, 3.0];
+        softmax(&mut x);
+        assert_eq!(x[1], 0.0);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+    }
+}

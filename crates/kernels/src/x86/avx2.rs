@@ -1,0 +1,157 @@
+//! AVX2 + FMA + F16C kernels.
+//!
+//! Invariants shared by every function: the caller has verified AVX2, FMA and F16C (see
+//! `Isa::Avx2Fma`); pointers are valid for the lengths passed; loads are unaligned (`loadu`),
+//! so no alignment is required. Summation order equals `generic::dot_f32`: 8 lanes, the lane
+//! tree of `generic::reduce_lanes`, then the tail in order (with FMA where generic multiplies
+//! then adds, so results agree to rounding, not bitwise, across ISAs).
+
+use std::arch::x86_64::*;
+
+use tessera_core::blocks::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use tessera_core::DType;
+
+/// Horizontal sum in the canonical lane tree: (lo + hi) → pairs → last two.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    let s = _mm_add_ss(q, _mm_shuffle_ps(q, q, 0b01));
+    _mm_cvtss_f32(s)
+}
+
+/// `Σ a[i]·b[i]` over `k` elements.
+///
+/// # Safety
+/// AVX2+FMA available; `a` and `b` valid for `k` f32 reads.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32(a: *const f32, b: *const f32, k: usize) -> f32 {
+    let n = k / 8 * 8;
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc);
+        i += 8;
+    }
+    let mut s = hsum(acc);
+    while i < k {
+        s = (*a.add(i)).mul_add(*b.add(i), s);
+        i += 1;
+    }
+    s
+}
+
+/// Four dot products of one activation row `x` with weight rows `w[0..4]`, sharing each
+/// load of `x`. Per row the arithmetic is exactly [`dot_f32`]'s.
+///
+/// # Safety
+/// AVX2+FMA available; `x` and each `w[r]` valid for `k` f32 reads.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot4_f32(x: *const f32, w: [*const f32; 4], k: usize) -> [f32; 4] {
+    let n = k / 8 * 8;
+    let (mut a0, mut a1, mut a2, mut a3) =
+        (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i < n {
+        let xv = _mm256_loadu_ps(x.add(i));
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[0].add(i)), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[1].add(i)), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[2].add(i)), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w[3].add(i)), a3);
+        i += 8;
+    }
+    let mut s = [hsum(a0), hsum(a1), hsum(a2), hsum(a3)];
+    while i < k {
+        for (r, sr) in s.iter_mut().enumerate() {
+            *sr = (*x.add(i)).mul_add(*w[r].add(i), *sr);
+        }
+        i += 1;
+    }
+    s
+}
+
+/// Expands 16 packed nibble bytes to 32 f32 values in `lo nibbles, hi nibbles` order,
+/// returned as four vectors of 8.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn nibbles_to_f32(qs: *const u8) -> [__m256; 4] {
+    let bytes = _mm_loadu_si128(qs as *const __m128i);
+    let mask = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(bytes, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
+    ]
+}
+
+/// Dequantizes one stored row of `out.len()` elements, bit-identical to the reference
+/// (`tessera_core::tensor::dequantize_row`): products and sums are separate roundings.
+///
+/// # Safety
+/// AVX2+FMA+F16C available; `row` holds exactly `out.len()` elements of `dtype`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dequantize(dtype: DType, row: &[u8], out: &mut [f32]) {
+    let o = out.as_mut_ptr();
+    match dtype {
+        DType::F32 => std::ptr::copy_nonoverlapping(row.as_ptr(), o as *mut u8, out.len() * 4),
+        DType::F16 => {
+            let n = out.len() / 8 * 8;
+            let p = row.as_ptr();
+            let mut i = 0;
+            while i < n {
+                let h = _mm_loadu_si128(p.add(2 * i) as *const __m128i);
+                _mm256_storeu_ps(o.add(i), _mm256_cvtph_ps(h));
+                i += 8;
+            }
+            crate::generic::dequantize(dtype, &row[2 * n..], &mut out[n..]);
+        }
+        DType::BF16 => {
+            let n = out.len() / 8 * 8;
+            let p = row.as_ptr();
+            let mut i = 0;
+            while i < n {
+                let h = _mm_loadu_si128(p.add(2 * i) as *const __m128i);
+                let w = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+                _mm256_storeu_ps(o.add(i), _mm256_castsi256_ps(w));
+                i += 8;
+            }
+            crate::generic::dequantize(dtype, &row[2 * n..], &mut out[n..]);
+        }
+        DType::Q8_0 => {
+            for (b, blk) in as_blocks::<BlockQ8_0>(row).unwrap().iter().enumerate() {
+                let d = _mm256_set1_ps(tessera_core::blocks::f16_bits_to_f32(blk.d));
+                let q = blk.qs.as_ptr() as *const __m128i;
+                let q0 = _mm_loadu_si128(q);
+                let q1 = _mm_loadu_si128(q.add(1));
+                let parts = [q0, _mm_srli_si128(q0, 8), q1, _mm_srli_si128(q1, 8)];
+                for (j, part) in parts.into_iter().enumerate() {
+                    let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
+                    _mm256_storeu_ps(o.add(b * QK + 8 * j), _mm256_mul_ps(d, f));
+                }
+            }
+        }
+        DType::Q4_0 => {
+            let eight = _mm256_set1_ps(8.0);
+            for (b, blk) in as_blocks::<BlockQ4_0>(row).unwrap().iter().enumerate() {
+                let d = _mm256_set1_ps(tessera_core::blocks::f16_bits_to_f32(blk.d));
+                for (j, q) in nibbles_to_f32(blk.qs.as_ptr()).into_iter().enumerate() {
+                    // (q - 8) is exact in f32, so this equals the reference `(q - 8) as f32 * d`.
+                    _mm256_storeu_ps(o.add(b * QK + 8 * j), _mm256_mul_ps(_mm256_sub_ps(q, eight), d));
+                }
+            }
+        }
+        DType::Q4_1 => {
+            for (b, blk) in as_blocks::<BlockQ4_1>(row).unwrap().iter().enumerate() {
+                let d = _mm256_set1_ps(tessera_core::blocks::f16_bits_to_f32(blk.d));
+                let m = _mm256_set1_ps(tessera_core::blocks::f16_bits_to_f32(blk.m));
+                for (j, q) in nibbles_to_f32(blk.qs.as_ptr()).into_iter().enumerate() {
+                    _mm256_storeu_ps(o.add(b * QK + 8 * j), _mm256_add_ps(_mm256_mul_ps(q, d), m));
+                }
+            }
+        }
+    }
+}

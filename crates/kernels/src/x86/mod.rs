@@ -1,0 +1,4 @@
+//! x86-64 kernels. Each function here is `unsafe` because it requires the CPU features named
+//! in its `#[target_feature]`; callers check [`crate::Isa::active`] first.
+
+pub mod avx2;

@@ -21,3 +21,23 @@ pub mod x86;
 
 pub use isa::Isa;
 pub use matmul::matmul;
+
+/// The canonical f32 dot product on the active ISA (see the crate's numerics contract).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    match Isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Avx2Fma is active only on CPUs with those features; lengths checked above.
+        Isa::Avx2Fma => unsafe { x86::avx2::dot_f32(a.as_ptr(), b.as_ptr(), a.len()) },
+        _ => generic::dot_f32(a, b),
+    }
+}
+
+/// `y += a · x`.
+#[inline]
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}

@@ -1,0 +1,78 @@
+//! Causal grouped-query attention over paged KV storage.
+//!
+//! Each new token attends to its own sequence's positions `0..=pos`, read through the
+//! sequence's block table. Work items are (token, KV head) pairs, split statically over the
+//! compute units. For a given query the scores, softmax and weighted sum of V run over
+//! positions in increasing order whatever else is in the batch, so results are
+//! batch-invariant.
+
+use std::cell::RefCell;
+
+use tessera_runtime::{split_range, ThreadPool};
+
+use crate::batch::BatchMeta;
+use crate::kv::KvStorage;
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: work items write disjoint (token, head) slices of the output.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+pub struct AttnShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every new token.
+/// `q`: `[tokens, n_heads · head_dim]`, already rotated; K/V of the new tokens already stored.
+pub fn attention(pool: &ThreadPool, batch: &BatchMeta, kv: &KvStorage, layer: usize, shape: &AttnShape, q: &[f32], out: &mut [f32]) {
+    let (nh, nkv, hd) = (shape.n_heads, shape.n_kv_heads, shape.head_dim);
+    let group = nh / nkv;
+    let q_dim = nh * hd;
+    let scale = 1.0 / (hd as f32).sqrt();
+    // (sequence, index within chunk) of every token, in batch order.
+    let tokens: Vec<(usize, usize)> =
+        batch.seqs.iter().enumerate().flat_map(|(s, c)| (0..c.tokens.len()).map(move |i| (s, i))).collect();
+    let items = tokens.len() * nkv;
+    let (kbuf, vbuf) = kv.layer(layer);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    let units = pool.units();
+    pool.run(|unit| {
+        SCORES.with(|scores| {
+            let mut scores = scores.borrow_mut();
+            for item in split_range(items, units, unit) {
+                let (t, kvh) = (item / nkv, item % nkv);
+                let (s, i) = tokens[t];
+                let chunk = &batch.seqs[s];
+                let pos = chunk.start_pos + i;
+                scores.resize(pos + 1, 0.0);
+                for h in kvh * group..(kvh + 1) * group {
+                    let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                    for (p, sc) in scores.iter_mut().enumerate() {
+                        let off = kv.offset(&chunk.block_table, p) + kvh * hd;
+                        *sc = tessera_kernels::dot(qh, &kbuf[off..off + hd]) * scale;
+                    }
+                    tessera_kernels::ops::softmax(&mut scores);
+                    // SAFETY: (t, h) is owned by this work item alone; in bounds of `out`.
+                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.at(t * q_dim + h * hd), hd) };
+                    o.fill(0.0);
+                    for (p, &w) in scores.iter().enumerate() {
+                        let off = kv.offset(&chunk.block_table, p) + kvh * hd;
+                        tessera_kernels::axpy(o, w, &vbuf[off..off + hd]);
+                    }
+                }
+            }
+        });
+    });
+}

@@ -25,7 +25,9 @@ pub enum RopeStyle {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor`.
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.x: per-frequency interpolation between low and high wavelengths.
     Llama3 {
         factor: f32,
@@ -77,7 +79,9 @@ impl ModelConfig {
         let bad = |m: String| Err(Error::Config(m));
         let sane = |name: &str, v: usize, max: usize| -> Result<()> {
             if v == 0 || v > max {
-                return Err(Error::Config(format!("{name} = {v} is out of range 1..={max}")));
+                return Err(Error::Config(format!(
+                    "{name} = {v} is out of range 1..={max}"
+                )));
             }
             Ok(())
         };
@@ -90,10 +94,16 @@ impl ModelConfig {
         sane("head_dim", self.head_dim, 1024)?;
         sane("max_position", self.max_position, 1 << 24)?;
         if self.n_heads % self.n_kv_heads != 0 {
-            return bad(format!("n_heads {} is not a multiple of n_kv_heads {}", self.n_heads, self.n_kv_heads));
+            return bad(format!(
+                "n_heads {} is not a multiple of n_kv_heads {}",
+                self.n_heads, self.n_kv_heads
+            ));
         }
         if self.rope_dim == 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
-            return bad(format!("rope dimension {} must be even and at most head_dim {}", self.rope_dim, self.head_dim));
+            return bad(format!(
+                "rope dimension {} must be even and at most head_dim {}",
+                self.rope_dim, self.head_dim
+            ));
         }
         if !(self.rms_eps > 0.0 && self.rms_eps < 1.0) {
             return bad(format!("rms_norm_eps {} is out of range", self.rms_eps));
@@ -103,7 +113,11 @@ impl ModelConfig {
         }
         if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
             if f.len() != self.rope_dim / 2 {
-                return bad(format!("rope_freqs has {} entries, expected {}", f.len(), self.rope_dim / 2));
+                return bad(format!(
+                    "rope_freqs has {} entries, expected {}",
+                    f.len(),
+                    self.rope_dim / 2
+                ));
             }
         }
         Ok(())

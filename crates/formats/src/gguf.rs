@@ -180,8 +180,12 @@ impl<'a> Reader<'a> {
     fn string(&mut self, what: &str) -> Result<String> {
         let n = self.count(what, 1)?;
         let bytes = self.take(n, what)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| bad(format!("{what} at offset {} is not valid UTF-8", self.pos - n)))
+        String::from_utf8(bytes.to_vec()).map_err(|_| {
+            bad(format!(
+                "{what} at offset {} is not valid UTF-8",
+                self.pos - n
+            ))
+        })
     }
 
     fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<MetaValue> {
@@ -196,7 +200,11 @@ impl<'a> Reader<'a> {
             7 => match self.u8(key)? {
                 0 => MetaValue::Bool(false),
                 1 => MetaValue::Bool(true),
-                b => return Err(bad(format!("metadata {key}: bool byte {b} is neither 0 nor 1"))),
+                b => {
+                    return Err(bad(format!(
+                        "metadata {key}: bool byte {b} is neither 0 nor 1"
+                    )))
+                }
             },
             8 => MetaValue::String(self.string(key)?),
             9 => {
@@ -204,8 +212,11 @@ impl<'a> Reader<'a> {
                     return Err(bad(format!("metadata {key}: arrays nested too deeply")));
                 }
                 let elem_ty = self.u32(key)?;
-                let min = elem_min_bytes(elem_ty)
-                    .ok_or_else(|| bad(format!("metadata {key}: unknown array element type {elem_ty}")))?;
+                let min = elem_min_bytes(elem_ty).ok_or_else(|| {
+                    bad(format!(
+                        "metadata {key}: unknown array element type {elem_ty}"
+                    ))
+                })?;
                 let n = self.count(&format!("metadata {key} array length"), min)?;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -256,23 +267,33 @@ impl GgufFile {
 
     fn parse(buf: &[u8]) -> Result<Self> {
         let mut r = Reader { buf, pos: 0 };
-        let magic = r.take(4, "magic").map_err(|_| bad("file is shorter than the 4-byte magic"))?;
+        let magic = r
+            .take(4, "magic")
+            .map_err(|_| bad("file is shorter than the 4-byte magic"))?;
         if magic != MAGIC {
             return Err(bad(format!("wrong magic {magic:02x?} (expected \"GGUF\")")));
         }
         let version = r.u32("version")?;
         if !(2..=3).contains(&version) {
-            return Err(bad(format!("unsupported version {version} (supported: 2, 3)")));
+            return Err(bad(format!(
+                "unsupported version {version} (supported: 2, 3)"
+            )));
         }
         // A tensor info is at least 8 (name len) + 4 (n_dims) + 4 (type) + 8 (offset) bytes;
         // a key/value at least 8 + 4 + 1.
         let n_tensors = r.u64("tensor count")?;
         let n_kv = r.u64("metadata count")?;
         if n_kv as u128 * 13 > r.remaining() as u128 {
-            return Err(bad(format!("metadata count {n_kv} cannot fit in a {}-byte file", buf.len())));
+            return Err(bad(format!(
+                "metadata count {n_kv} cannot fit in a {}-byte file",
+                buf.len()
+            )));
         }
         if n_tensors as u128 * 24 > r.remaining() as u128 {
-            return Err(bad(format!("tensor count {n_tensors} cannot fit in a {}-byte file", buf.len())));
+            return Err(bad(format!(
+                "tensor count {n_tensors} cannot fit in a {}-byte file",
+                buf.len()
+            )));
         }
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
@@ -289,7 +310,9 @@ impl GgufFile {
             let name = r.string(&format!("tensor {i} name"))?;
             let n_dims = r.u32(&name)?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(bad(format!("tensor {name}: {n_dims} dimensions (expected 1..={MAX_DIMS})")));
+                return Err(bad(format!(
+                    "tensor {name}: {n_dims} dimensions (expected 1..={MAX_DIMS})"
+                )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -300,20 +323,32 @@ impl GgufFile {
             if !names.insert(name.clone()) {
                 return Err(bad(format!("duplicate tensor {name}")));
             }
-            tensors.push(TensorInfo { name, dims, ggml_type, offset });
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+            });
         }
         let alignment = match metadata.get("general.alignment") {
             None => 32,
             Some(v) => match v.as_u64() {
                 Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a as usize,
-                _ => return Err(bad(format!("general.alignment {v:?} is not a power of two"))),
+                _ => {
+                    return Err(bad(format!(
+                        "general.alignment {v:?} is not a power of two"
+                    )))
+                }
             },
         };
         let data_offset = r.pos.div_ceil(alignment) * alignment;
         let data_len = buf.len().saturating_sub(data_offset);
         for t in &tensors {
             if t.offset % alignment as u64 != 0 {
-                return Err(bad(format!("tensor {}: offset {} is not a multiple of the alignment {alignment}", t.name, t.offset)));
+                return Err(bad(format!(
+                    "tensor {}: offset {} is not a multiple of the alignment {alignment}",
+                    t.name, t.offset
+                )));
             }
             // Unsupported types are reported when the tensor is used, so a file with an odd
             // unused tensor still opens; their extent cannot be checked without the type.
@@ -328,7 +363,14 @@ impl GgufFile {
                 }
             }
         }
-        Ok(GgufFile { version, metadata, tensors, data_offset, map: None, owned: None })
+        Ok(GgufFile {
+            version,
+            metadata,
+            tensors,
+            data_offset,
+            map: None,
+            owned: None,
+        })
     }
 
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
@@ -341,14 +383,19 @@ impl GgufFile {
 
     /// The named tensor, as a window into the file, with shape outermost-first.
     pub fn tensor(&self, info: &TensorInfo) -> Result<WeightTensor> {
-        let dtype = DType::from_ggml_type(info.ggml_type).ok_or_else(|| Error::UnsupportedTensorType {
-            ty: DType::ggml_type_name(info.ggml_type),
-            name: info.name.clone(),
-        })?;
+        let dtype =
+            DType::from_ggml_type(info.ggml_type).ok_or_else(|| Error::UnsupportedTensorType {
+                ty: DType::ggml_type_name(info.ggml_type),
+                name: info.name.clone(),
+            })?;
         let size = tensor_size(info, dtype)?;
         let offset = self.data_offset + info.offset as usize;
         let bytes = match (&self.map, &self.owned) {
-            (Some(map), _) => TensorBytes::Mapped { map: map.clone(), offset, len: size },
+            (Some(map), _) => TensorBytes::Mapped {
+                map: map.clone(),
+                offset,
+                len: size,
+            },
             (None, Some(owned)) => TensorBytes::owned(&owned.as_slice()[offset..offset + size]),
             (None, None) => unreachable!("GgufFile is always built with its bytes"),
         };
@@ -368,10 +415,18 @@ fn tensor_size(t: &TensorInfo, dtype: DType) -> Result<usize> {
     }
     let inner = t.dims[0] as usize;
     let row = dtype.row_bytes(inner).ok_or_else(|| {
-        bad(format!("tensor {}: row length {inner} is not a multiple of the {dtype} block size", t.name))
+        bad(format!(
+            "tensor {}: row length {inner} is not a multiple of the {dtype} block size",
+            t.name
+        ))
     })?;
-    let rows = if inner == 0 { 0 } else { numel as usize / inner };
-    rows.checked_mul(row).ok_or_else(|| bad(format!("tensor {}: size overflows", t.name)))
+    let rows = if inner == 0 {
+        0
+    } else {
+        numel as usize / inner
+    };
+    rows.checked_mul(row)
+        .ok_or_else(|| bad(format!("tensor {}: size overflows", t.name)))
 }
 
 /// Writes GGUF files; used by tests to craft good and bad inputs, and by tools.
@@ -491,10 +546,24 @@ mod tests {
                 ("x.u64", MetaValue::U64(1 << 40)),
                 ("x.i64", MetaValue::I64(-(1 << 40))),
                 ("x.f64", MetaValue::F64(-2.25)),
-                ("x.arr", MetaValue::Array(vec![MetaValue::String("a".into()), MetaValue::String("bc".into())])),
-                ("x.nested", MetaValue::Array(vec![MetaValue::Array(vec![MetaValue::I32(1)])])),
+                (
+                    "x.arr",
+                    MetaValue::Array(vec![
+                        MetaValue::String("a".into()),
+                        MetaValue::String("bc".into()),
+                    ]),
+                ),
+                (
+                    "x.nested",
+                    MetaValue::Array(vec![MetaValue::Array(vec![MetaValue::I32(1)])]),
+                ),
             ],
-            &[TensorSpec { name: "w", dims: &[64, 2], ggml_type: 0, data: &data }],
+            &[TensorSpec {
+                name: "w",
+                dims: &[64, 2],
+                ggml_type: 0,
+                data: &data,
+            }],
         )
     }
 
@@ -505,7 +574,10 @@ mod tests {
         assert_eq!(f.get("x.i16"), Some(&MetaValue::I16(-700)));
         assert_eq!(f.get("x.u64").unwrap().as_u64(), Some(1 << 40));
         assert_eq!(f.get("x.f64").unwrap().as_f64(), Some(-2.25));
-        assert_eq!(f.get("x.arr").unwrap().as_array().unwrap()[1].as_str(), Some("bc"));
+        assert_eq!(
+            f.get("x.arr").unwrap().as_array().unwrap()[1].as_str(),
+            Some("bc")
+        );
         let t = f.tensor(&f.tensors[0]).unwrap();
         assert_eq!(t.shape, vec![2, 64]);
         assert_eq!(t.data()[5], 5);
@@ -534,17 +606,34 @@ mod tests {
         // Truncated anywhere: a clear error, never a panic.
         for cut in [30, 100, 300, good.len() - 1] {
             let e = err_of(&good[..cut]);
-            assert!(e.contains("truncated") || e.contains("outside") || e.contains("cannot fit") || e.contains("more than"), "{cut}: {e}");
+            assert!(
+                e.contains("truncated")
+                    || e.contains("outside")
+                    || e.contains("cannot fit")
+                    || e.contains("more than"),
+                "{cut}: {e}"
+            );
         }
     }
 
     #[test]
     fn rejects_tensor_data_outside_file_and_absurd_dims() {
         let data = vec![0u8; 64 * 4];
-        let b = write(&[], &[TensorSpec { name: "w", dims: &[64, 1], ggml_type: 0, data: &data }]);
+        let b = write(
+            &[],
+            &[TensorSpec {
+                name: "w",
+                dims: &[64, 1],
+                ggml_type: 0,
+                data: &data,
+            }],
+        );
         // Claim twice the rows.
         let mut big = b.clone();
-        let pos = big.windows(8).position(|w| w == 64u64.to_le_bytes()).unwrap();
+        let pos = big
+            .windows(8)
+            .position(|w| w == 64u64.to_le_bytes())
+            .unwrap();
         big[pos + 8..pos + 16].copy_from_slice(&2u64.to_le_bytes());
         assert!(err_of(&big).contains("outside"));
         let mut absurd = b.clone();
@@ -561,7 +650,15 @@ mod tests {
     #[test]
     fn unsupported_type_is_named_on_use() {
         let data = vec![0u8; 144];
-        let b = write(&[], &[TensorSpec { name: "blk.0.q", dims: &[256, 1], ggml_type: 12, data: &data }]);
+        let b = write(
+            &[],
+            &[TensorSpec {
+                name: "blk.0.q",
+                dims: &[256, 1],
+                ggml_type: 12,
+                data: &data,
+            }],
+        );
         let f = GgufFile::from_bytes(&b).unwrap();
         let e = f.tensor(&f.tensors[0]).unwrap_err().to_string();
         assert_eq!(e, "unsupported tensor type Q4_K for tensor blk.0.q");

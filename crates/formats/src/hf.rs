@@ -76,13 +76,21 @@ pub fn canonical_name(hf: &str) -> Option<String> {
 }
 
 fn rope_scaling(v: &Option<Value>) -> Result<RopeScaling> {
-    let Some(Value::Object(o)) = v else { return Ok(RopeScaling::None) };
-    let kind = o.get("rope_type").or_else(|| o.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let Some(Value::Object(o)) = v else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = o
+        .get("rope_type")
+        .or_else(|| o.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
     let f = |k: &str, d: f64| o.get(k).and_then(Value::as_f64).unwrap_or(d) as f32;
     let u = |k: &str| o.get(k).and_then(Value::as_u64).map(|v| v as usize);
     Ok(match kind {
         "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear { factor: f("factor", 1.0) },
+        "linear" => RopeScaling::Linear {
+            factor: f("factor", 1.0),
+        },
         "llama3" => RopeScaling::Llama3 {
             factor: f("factor", 8.0),
             low_freq_factor: f("low_freq_factor", 1.0),
@@ -91,19 +99,28 @@ fn rope_scaling(v: &Option<Value>) -> Result<RopeScaling> {
         },
         "yarn" => RopeScaling::Yarn {
             factor: f("factor", 1.0),
-            original_max_position: u("original_max_position_embeddings")
-                .ok_or_else(|| Error::Config("rope_scaling yarn needs original_max_position_embeddings".into()))?,
+            original_max_position: u("original_max_position_embeddings").ok_or_else(|| {
+                Error::Config("rope_scaling yarn needs original_max_position_embeddings".into())
+            })?,
             beta_fast: f("beta_fast", 32.0),
             beta_slow: f("beta_slow", 1.0),
         },
-        other => return Err(Error::Config(format!("unsupported rope_scaling type {other:?}"))),
+        other => {
+            return Err(Error::Config(format!(
+                "unsupported rope_scaling type {other:?}"
+            )))
+        }
     })
 }
 
 fn ids(v: &Option<Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|x| x as u32)
+            .collect(),
         _ => vec![],
     }
 }
@@ -115,7 +132,12 @@ fn safetensor_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
         let map = v
             .get("weight_map")
             .and_then(Value::as_object)
-            .ok_or_else(|| Error::malformed("safetensors index", format!("{}: no weight_map", index.display())))?;
+            .ok_or_else(|| {
+                Error::malformed(
+                    "safetensors index",
+                    format!("{}: no weight_map", index.display()),
+                )
+            })?;
         let files: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
     }
@@ -125,7 +147,10 @@ fn safetensor_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     }
     Err(Error::Io {
         path: single,
-        source: std::io::Error::new(std::io::ErrorKind::NotFound, "no model.safetensors or model.safetensors.index.json"),
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "no model.safetensors or model.safetensors.index.json",
+        ),
     })
 }
 
@@ -137,17 +162,26 @@ fn load_safetensors(path: &Path, out: &mut HashMap<String, WeightTensor>) -> Res
         .map_err(|e| Error::malformed("safetensors", format!("{}: {e}", path.display())))?;
     let base = map.as_ptr() as usize;
     for (hf_name, view) in st.tensors() {
-        let Some(name) = canonical_name(&hf_name) else { continue };
+        let Some(name) = canonical_name(&hf_name) else {
+            continue;
+        };
         let dtype = match view.dtype() {
             Dtype::F32 => DType::F32,
             Dtype::F16 => DType::F16,
             Dtype::BF16 => DType::BF16,
             other => {
-                return Err(Error::UnsupportedTensorType { ty: format!("{other:?}"), name: hf_name })
+                return Err(Error::UnsupportedTensorType {
+                    ty: format!("{other:?}"),
+                    name: hf_name,
+                })
             }
         };
         let offset = view.data().as_ptr() as usize - base;
-        let bytes = TensorBytes::Mapped { map: map.clone(), offset, len: view.data().len() };
+        let bytes = TensorBytes::Mapped {
+            map: map.clone(),
+            offset,
+            len: view.data().len(),
+        };
         let shape = view.shape().to_vec();
         out.insert(name.clone(), WeightTensor::new(name, dtype, shape, bytes)?);
     }
@@ -157,7 +191,8 @@ fn load_safetensors(path: &Path, out: &mut HashMap<String, WeightTensor>) -> Res
 /// Loads a Hugging Face model folder.
 pub fn load_hf_folder(dir: &Path) -> Result<ModelFiles> {
     let cfg_path = dir.join("config.json");
-    let cfg: HfConfig = serde_json::from_str(&read(&cfg_path)?).map_err(|e| json_err(&cfg_path, e))?;
+    let cfg: HfConfig =
+        serde_json::from_str(&read(&cfg_path)?).map_err(|e| json_err(&cfg_path, e))?;
     let model_type = cfg.model_type.clone().unwrap_or_default();
     let arch = match model_type.as_str() {
         "llama" | "mistral" => Arch::Llama,
@@ -168,7 +203,9 @@ pub fn load_hf_folder(dir: &Path) -> Result<ModelFiles> {
     for f in safetensor_files(dir)? {
         load_safetensors(&f, &mut tensors)?;
     }
-    let head_dim = cfg.head_dim.unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
+    let head_dim = cfg
+        .head_dim
+        .unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
     let tie = cfg.tie_word_embeddings.unwrap_or(false) || !tensors.contains_key("output.weight");
     let config = ModelConfig {
         arch,
@@ -200,7 +237,8 @@ pub fn load_hf_folder(dir: &Path) -> Result<ModelFiles> {
     let mut eos_ids = ids(&cfg.eos_token_id);
     let gen_path = dir.join("generation_config.json");
     if gen_path.exists() {
-        let g: Value = serde_json::from_str(&read(&gen_path)?).map_err(|e| json_err(&gen_path, e))?;
+        let g: Value =
+            serde_json::from_str(&read(&gen_path)?).map_err(|e| json_err(&gen_path, e))?;
         for id in ids(&g.get("eos_token_id").cloned()) {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
@@ -226,8 +264,16 @@ pub fn load_hf_folder(dir: &Path) -> Result<ModelFiles> {
         add_bos: false,
         chat_template,
     };
-    let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(ModelFiles { name, config, tensors, tokenizer })
+    let name = dir
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(ModelFiles {
+        name,
+        config,
+        tensors,
+        tokenizer,
+    })
 }
 
 #[cfg(test)]
@@ -236,20 +282,38 @@ mod tests {
 
     #[test]
     fn maps_hf_names() {
-        assert_eq!(canonical_name("model.layers.12.self_attn.q_proj.bias").unwrap(), "blk.12.attn_q.bias");
-        assert_eq!(canonical_name("model.layers.0.mlp.down_proj.weight").unwrap(), "blk.0.ffn_down.weight");
+        assert_eq!(
+            canonical_name("model.layers.12.self_attn.q_proj.bias").unwrap(),
+            "blk.12.attn_q.bias"
+        );
+        assert_eq!(
+            canonical_name("model.layers.0.mlp.down_proj.weight").unwrap(),
+            "blk.0.ffn_down.weight"
+        );
         assert_eq!(canonical_name("lm_head.weight").unwrap(), "output.weight");
-        assert_eq!(canonical_name("model.layers.0.self_attn.rotary_emb.inv_freq"), None);
+        assert_eq!(
+            canonical_name("model.layers.0.self_attn.rotary_emb.inv_freq"),
+            None
+        );
     }
 
     #[test]
     fn rope_scaling_kinds() {
         let v: Value = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
-        assert!(matches!(rope_scaling(&Some(v)).unwrap(), RopeScaling::Llama3 { .. }));
+        assert!(matches!(
+            rope_scaling(&Some(v)).unwrap(),
+            RopeScaling::Llama3 { .. }
+        ));
         let v: Value = serde_json::json!({"type": "linear", "factor": 2.0});
-        assert_eq!(rope_scaling(&Some(v)).unwrap(), RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(
+            rope_scaling(&Some(v)).unwrap(),
+            RopeScaling::Linear { factor: 2.0 }
+        );
         let v: Value = serde_json::json!({"type": "longrope"});
-        assert!(rope_scaling(&Some(v)).unwrap_err().to_string().contains("longrope"));
+        assert!(rope_scaling(&Some(v))
+            .unwrap_err()
+            .to_string()
+            .contains("longrope"));
     }
 }

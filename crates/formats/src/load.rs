@@ -49,7 +49,9 @@ pub struct ModelFiles {
 
 impl ModelFiles {
     pub fn tensor(&self, name: &str) -> Result<&WeightTensor> {
-        self.tensors.get(name).ok_or_else(|| Error::MissingTensor { name: name.to_string() })
+        self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+            name: name.to_string(),
+        })
     }
 
     /// Bytes of all tensors (what the weights occupy, mapped or owned).
@@ -63,7 +65,10 @@ pub fn load_model(path: &Path) -> Result<ModelFiles> {
     if !path.exists() {
         return Err(Error::Io {
             path: path.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such model file or folder"),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no such model file or folder",
+            ),
         });
     }
     if path.is_dir() {
@@ -88,14 +93,24 @@ fn get_usize(f: &GgufFile, key: &str) -> Result<usize> {
 fn get_f32(f: &GgufFile, key: &str) -> Result<Option<f32>> {
     match f.get(key) {
         None => Ok(None),
-        Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| meta_err(key, "not a number")),
+        Some(v) => v
+            .as_f64()
+            .map(|x| Some(x as f32))
+            .ok_or_else(|| meta_err(key, "not a number")),
     }
 }
 
 fn string_array(f: &GgufFile, key: &str) -> Result<Vec<String>> {
-    let arr = f.get(key).and_then(MetaValue::as_array).ok_or_else(|| meta_err(key, "missing or not an array"))?;
+    let arr = f
+        .get(key)
+        .and_then(MetaValue::as_array)
+        .ok_or_else(|| meta_err(key, "missing or not an array"))?;
     arr.iter()
-        .map(|v| v.as_str().map(str::to_string).ok_or_else(|| meta_err(key, "holds a non-string")))
+        .map(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| meta_err(key, "holds a non-string"))
+        })
         .collect()
 }
 
@@ -141,7 +156,9 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         .collect::<Result<_>>()?;
     // Report an unsupported type for any tensor the model would use.
     for info in &f.tensors {
-        if tessera_core::DType::from_ggml_type(info.ggml_type).is_none() && info.name != "rope_freqs.weight" {
+        if tessera_core::DType::from_ggml_type(info.ggml_type).is_none()
+            && info.name != "rope_freqs.weight"
+        {
             return Err(f.tensor(info).unwrap_err());
         }
     }
@@ -166,7 +183,11 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
                 beta_fast: 32.0,
                 beta_slow: 1.0,
             },
-            Some(other) => return Err(Error::Config(format!("unsupported rope scaling type {other:?}"))),
+            Some(other) => {
+                return Err(Error::Config(format!(
+                    "unsupported rope scaling type {other:?}"
+                )))
+            }
         },
     };
     let config = ModelConfig {
@@ -192,8 +213,17 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         .get("general.name")
         .and_then(MetaValue::as_str)
         .map(str::to_string)
-        .unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
-    Ok(ModelFiles { name, config, tensors, tokenizer })
+        .unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+    Ok(ModelFiles {
+        name,
+        config,
+        tensors,
+        tokenizer,
+    })
 }
 
 fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
@@ -202,28 +232,46 @@ fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
         .and_then(MetaValue::as_str)
         .ok_or_else(|| meta_err("tokenizer.ggml.model", "missing"))?;
     let tokens = string_array(f, "tokenizer.ggml.tokens")?;
-    let token_types: Vec<i32> = match f.get("tokenizer.ggml.token_type").and_then(MetaValue::as_array) {
+    let token_types: Vec<i32> = match f
+        .get("tokenizer.ggml.token_type")
+        .and_then(MetaValue::as_array)
+    {
         Some(arr) => arr.iter().map(|v| v.as_i64().unwrap_or(1) as i32).collect(),
         None => vec![1; tokens.len()],
     };
     if token_types.len() != tokens.len() {
-        return Err(meta_err("tokenizer.ggml.token_type", "length differs from tokenizer.ggml.tokens"));
+        return Err(meta_err(
+            "tokenizer.ggml.token_type",
+            "length differs from tokenizer.ggml.tokens",
+        ));
     }
-    let id = |key: &str| -> Option<u32> { f.get(key).and_then(MetaValue::as_u64).map(|v| v as u32) };
+    let id =
+        |key: &str| -> Option<u32> { f.get(key).and_then(MetaValue::as_u64).map(|v| v as u32) };
     let source = match model {
         "gpt2" => TokenizerSource::GgufBpe {
             tokens,
             token_types,
             merges: string_array(f, "tokenizer.ggml.merges")?,
-            pre: f.get("tokenizer.ggml.pre").and_then(MetaValue::as_str).unwrap_or("default").to_string(),
+            pre: f
+                .get("tokenizer.ggml.pre")
+                .and_then(MetaValue::as_str)
+                .unwrap_or("default")
+                .to_string(),
         },
         "llama" => {
-            let scores: Vec<f32> = match f.get("tokenizer.ggml.scores").and_then(MetaValue::as_array) {
-                Some(arr) => arr.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect(),
-                None => vec![0.0; tokens.len()],
-            };
+            let scores: Vec<f32> =
+                match f.get("tokenizer.ggml.scores").and_then(MetaValue::as_array) {
+                    Some(arr) => arr
+                        .iter()
+                        .map(|v| v.as_f64().unwrap_or(0.0) as f32)
+                        .collect(),
+                    None => vec![0.0; tokens.len()],
+                };
             if scores.len() != tokens.len() {
-                return Err(meta_err("tokenizer.ggml.scores", "length differs from tokenizer.ggml.tokens"));
+                return Err(meta_err(
+                    "tokenizer.ggml.scores",
+                    "length differs from tokenizer.ggml.tokens",
+                ));
             }
             TokenizerSource::GgufSpm {
                 tokens,
@@ -235,7 +283,11 @@ fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
                     .unwrap_or(true),
             }
         }
-        other => return Err(Error::Tokenizer(format!("unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama)"))),
+        other => {
+            return Err(Error::Tokenizer(format!(
+                "unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama)"
+            )))
+        }
     };
     let default_add_bos = matches!(source, TokenizerSource::GgufSpm { .. });
     let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
@@ -248,7 +300,13 @@ fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
         source,
         bos_id: id("tokenizer.ggml.bos_token_id"),
         eos_ids,
-        add_bos: f.get("tokenizer.ggml.add_bos_token").and_then(MetaValue::as_bool).unwrap_or(default_add_bos),
-        chat_template: f.get("tokenizer.chat_template").and_then(MetaValue::as_str).map(str::to_string),
+        add_bos: f
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(MetaValue::as_bool)
+            .unwrap_or(default_add_bos),
+        chat_template: f
+            .get("tokenizer.chat_template")
+            .and_then(MetaValue::as_str)
+            .map(str::to_string),
     })
 }

@@ -29,7 +29,12 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 /// the lower four (as a 256-bit to 128-bit fold does), then pairs, then the last two.
 #[inline]
 pub fn reduce_lanes(acc: &[f32; LANES]) -> f32 {
-    let h = [acc[0] + acc[4], acc[1] + acc[5], acc[2] + acc[6], acc[3] + acc[7]];
+    let h = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
     let q = [h[0] + h[2], h[1] + h[3]];
     q[0] + q[1]
 }

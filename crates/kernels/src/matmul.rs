@@ -36,7 +36,14 @@ thread_local! {
 }
 
 /// Computes `out = x · Wᵀ (+ bias)` with `x: [m, k]`, `W: [n, k]`, `out: [m, n]`.
-pub fn matmul(pool: &ThreadPool, x: &[f32], m: usize, w: &WeightTensor, bias: Option<&[f32]>, out: &mut [f32]) {
+pub fn matmul(
+    pool: &ThreadPool,
+    x: &[f32],
+    m: usize,
+    w: &WeightTensor,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let (n, k) = (w.rows(), w.cols());
     assert_eq!(x.len(), m * k, "matmul: x is not [m, k]");
     assert_eq!(out.len(), m * n, "matmul: out is not [m, n]");
@@ -97,12 +104,14 @@ fn dot_group(isa: Isa, x: &[f32], rows: &[f32], k: usize, y: &mut [f32]) {
             if y.len() == 4 {
                 let p = |r: usize| rows[r * k..].as_ptr();
                 // SAFETY: AVX2+FMA checked by `Isa`; each row slice holds `k` values.
-                let v = unsafe { crate::x86::avx2::dot4_f32(x.as_ptr(), [p(0), p(1), p(2), p(3)], k) };
+                let v =
+                    unsafe { crate::x86::avx2::dot4_f32(x.as_ptr(), [p(0), p(1), p(2), p(3)], k) };
                 y.copy_from_slice(&v);
             } else {
                 for (r, yr) in y.iter_mut().enumerate() {
                     // SAFETY: as above.
-                    *yr = unsafe { crate::x86::avx2::dot_f32(x.as_ptr(), rows[r * k..].as_ptr(), k) };
+                    *yr =
+                        unsafe { crate::x86::avx2::dot_f32(x.as_ptr(), rows[r * k..].as_ptr(), k) };
                 }
             }
         }
@@ -140,7 +149,14 @@ mod tests {
     use tessera_core::tensor::quantize_row;
     use tessera_core::{DType, TensorBytes};
 
-    const DTYPES: [DType; 6] = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    const DTYPES: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+    ];
 
     fn random_weight(dtype: DType, n: usize, k: usize, seed: u64) -> WeightTensor {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -160,7 +176,11 @@ mod tests {
 
     /// K values: 1 block, primes of blocks, non-multiples of 8 lanes for plain floats.
     fn k_for(dtype: DType, units: usize) -> usize {
-        if dtype.is_quantized() { units * 32 } else { units * 7 + units % 5 }
+        if dtype.is_quantized() {
+            units * 32
+        } else {
+            units * 7 + units % 5
+        }
     }
 
     proptest! {

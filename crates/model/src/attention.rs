@@ -36,14 +36,26 @@ pub struct AttnShape {
 
 /// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every new token.
 /// `q`: `[tokens, n_heads · head_dim]`, already rotated; K/V of the new tokens already stored.
-pub fn attention(pool: &ThreadPool, batch: &BatchMeta, kv: &KvStorage, layer: usize, shape: &AttnShape, q: &[f32], out: &mut [f32]) {
+pub fn attention(
+    pool: &ThreadPool,
+    batch: &BatchMeta,
+    kv: &KvStorage,
+    layer: usize,
+    shape: &AttnShape,
+    q: &[f32],
+    out: &mut [f32],
+) {
     let (nh, nkv, hd) = (shape.n_heads, shape.n_kv_heads, shape.head_dim);
     let group = nh / nkv;
     let q_dim = nh * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     // (sequence, index within chunk) of every token, in batch order.
-    let tokens: Vec<(usize, usize)> =
-        batch.seqs.iter().enumerate().flat_map(|(s, c)| (0..c.tokens.len()).map(move |i| (s, i))).collect();
+    let tokens: Vec<(usize, usize)> = batch
+        .seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(s, c)| (0..c.tokens.len()).map(move |i| (s, i)))
+        .collect();
     let items = tokens.len() * nkv;
     let (kbuf, vbuf) = kv.layer(layer);
     let out_ptr = OutPtr(out.as_mut_ptr());
@@ -65,7 +77,9 @@ pub fn attention(pool: &ThreadPool, batch: &BatchMeta, kv: &KvStorage, layer: us
                     }
                     tessera_kernels::ops::softmax(&mut scores);
                     // SAFETY: (t, h) is owned by this work item alone; in bounds of `out`.
-                    let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.at(t * q_dim + h * hd), hd) };
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(out_ptr.at(t * q_dim + h * hd), hd)
+                    };
                     o.fill(0.0);
                     for (p, &w) in scores.iter().enumerate() {
                         let off = kv.offset(&chunk.block_table, p) + kvh * hd;

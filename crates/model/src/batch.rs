@@ -51,6 +51,9 @@ impl Logits {
 
     /// The last row belonging to sequence `seq`.
     pub fn last_of(&self, seq: usize) -> Option<&[f32]> {
-        self.rows.iter().rposition(|&(s, _)| s == seq).map(|i| self.row(i))
+        self.rows
+            .iter()
+            .rposition(|&(s, _)| s == seq)
+            .map(|i| self.row(i))
     }
 }

@@ -59,10 +59,19 @@ impl KvStorage {
     pub fn check_table(&self, table: &[u32], len: usize) -> Result<()> {
         let need = len.div_ceil(self.block_size);
         if table.len() < need {
-            return Err(Error::Other(format!("block table has {} blocks, {len} positions need {need}", table.len())));
+            return Err(Error::Other(format!(
+                "block table has {} blocks, {len} positions need {need}",
+                table.len()
+            )));
         }
-        if let Some(b) = table[..need].iter().find(|&&b| b as usize >= self.num_blocks) {
-            return Err(Error::Other(format!("block {b} does not exist (storage has {})", self.num_blocks)));
+        if let Some(b) = table[..need]
+            .iter()
+            .find(|&&b| b as usize >= self.num_blocks)
+        {
+            return Err(Error::Other(format!(
+                "block {b} does not exist (storage has {})",
+                self.num_blocks
+            )));
         }
         Ok(())
     }

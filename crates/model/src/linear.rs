@@ -27,13 +27,26 @@ pub struct DenseLinear {
 
 impl DenseLinear {
     /// Wraps `weight` (`[out, in]`), checking it against the expected shape.
-    pub fn new(weight: WeightTensor, bias: Option<&WeightTensor>, out: usize, inp: usize) -> Result<Self> {
+    pub fn new(
+        weight: WeightTensor,
+        bias: Option<&WeightTensor>,
+        out: usize,
+        inp: usize,
+    ) -> Result<Self> {
         if weight.shape != [out, inp] {
-            return Err(Error::ShapeMismatch { name: weight.name.clone(), got: weight.shape.clone(), expected: vec![out, inp] });
+            return Err(Error::ShapeMismatch {
+                name: weight.name.clone(),
+                got: weight.shape.clone(),
+                expected: vec![out, inp],
+            });
         }
         let bias = match bias {
             Some(b) if b.numel() != out => {
-                return Err(Error::ShapeMismatch { name: b.name.clone(), got: b.shape.clone(), expected: vec![out] })
+                return Err(Error::ShapeMismatch {
+                    name: b.name.clone(),
+                    got: b.shape.clone(),
+                    expected: vec![out],
+                })
             }
             Some(b) => Some(b.to_f32_vec()),
             None => None,

@@ -37,7 +37,11 @@ pub struct LlamaModel {
 fn vector(files: &ModelFiles, name: &str, len: usize) -> Result<Vec<f32>> {
     let t = files.tensor(name)?;
     if t.numel() != len {
-        return Err(Error::ShapeMismatch { name: name.into(), got: t.shape.clone(), expected: vec![len] });
+        return Err(Error::ShapeMismatch {
+            name: name.into(),
+            got: t.shape.clone(),
+            expected: vec![len],
+        });
     }
     Ok(t.to_f32_vec())
 }
@@ -69,7 +73,11 @@ impl LlamaModel {
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let embed = files.tensor("token_embd.weight")?.clone();
         if embed.shape != [c.vocab_size, h] {
-            return Err(Error::ShapeMismatch { name: embed.name.clone(), got: embed.shape.clone(), expected: vec![c.vocab_size, h] });
+            return Err(Error::ShapeMismatch {
+                name: embed.name.clone(),
+                got: embed.shape.clone(),
+                expected: vec![c.vocab_size, h],
+            });
         }
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
@@ -86,17 +94,30 @@ impl LlamaModel {
                 down: linear(files, &p("ffn_down"), h, ff)?,
             });
         }
-        let output: Box<dyn Linear> = if files.tensors.contains_key("output.weight") && !c.tie_embeddings {
-            linear(files, "output", c.vocab_size, h)?
-        } else {
-            Box::new(DenseLinear::new(embed.clone(), None, c.vocab_size, h)?)
-        };
-        Ok(LlamaModel { rope: Rope::new(&c), norm: vector(files, "output_norm.weight", h)?, config: c, embed, layers, output })
+        let output: Box<dyn Linear> =
+            if files.tensors.contains_key("output.weight") && !c.tie_embeddings {
+                linear(files, "output", c.vocab_size, h)?
+            } else {
+                Box::new(DenseLinear::new(embed.clone(), None, c.vocab_size, h)?)
+            };
+        Ok(LlamaModel {
+            rope: Rope::new(&c),
+            norm: vector(files, "output_norm.weight", h)?,
+            config: c,
+            embed,
+            layers,
+            output,
+        })
     }
 
     /// A KV storage shaped for this model.
     pub fn new_kv_storage(&self, block_size: usize, num_blocks: usize) -> Result<KvStorage> {
-        KvStorage::new(self.config.n_layers, self.config.kv_dim(), block_size, num_blocks)
+        KvStorage::new(
+            self.config.n_layers,
+            self.config.kv_dim(),
+            block_size,
+            num_blocks,
+        )
     }
 
     /// Runs one step: stores the new tokens' K/V and returns the requested logits.
@@ -105,10 +126,17 @@ impl LlamaModel {
         let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let m = batch.num_tokens();
         if m == 0 {
-            return Ok(Logits { vocab: c.vocab_size, data: vec![], rows: vec![] });
+            return Ok(Logits {
+                vocab: c.vocab_size,
+                data: vec![],
+                rows: vec![],
+            });
         }
         if kv.kv_dim() != kvd {
-            return Err(Error::Other(format!("KV storage has kv_dim {}, model needs {kvd}", kv.kv_dim())));
+            return Err(Error::Other(format!(
+                "KV storage has kv_dim {}, model needs {kvd}",
+                kv.kv_dim()
+            )));
         }
         // Positions of every token, validated up front so the step cannot fail half-way.
         let mut positions = Vec::with_capacity(m);
@@ -122,7 +150,10 @@ impl LlamaModel {
             }
             kv.check_table(&chunk.block_table, end)?;
             if let Some(&t) = chunk.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(Error::Other(format!("token id {t} is outside the vocabulary of {}", c.vocab_size)));
+                return Err(Error::Other(format!(
+                    "token id {t} is outside the vocabulary of {}",
+                    c.vocab_size
+                )));
             }
             positions.extend(chunk.start_pos..end);
         }
@@ -131,11 +162,16 @@ impl LlamaModel {
 
         // Embedding rows.
         let mut x = vec![0f32; m * h];
-        let tokens: Vec<u32> = batch.seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let tokens: Vec<u32> = batch
+            .seqs
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
         let xp = RowsPtr(x.as_mut_ptr());
         pool.run(|u| {
             for t in split_range(m, units, u) {
-                self.embed.dequantize_row(tokens[t] as usize, xp.rows(t * h, h));
+                self.embed
+                    .dequantize_row(tokens[t] as usize, xp.rows(t * h, h));
             }
         });
 
@@ -147,7 +183,11 @@ impl LlamaModel {
         let mut g = vec![0f32; m * ff];
         let mut up = vec![0f32; m * ff];
         let mut tmp = vec![0f32; m * h];
-        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim };
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+        };
 
         for (li, layer) in self.layers.iter().enumerate() {
             rms_rows(ctx, &x, &layer.attn_norm, c.rms_eps, h, &mut hbuf);
@@ -159,8 +199,10 @@ impl LlamaModel {
             pool.run(|u| {
                 let mut cs = Vec::new();
                 for t in split_range(m, units, u) {
-                    self.rope.apply(qp.rows(t * qd, qd), c.head_dim, positions[t], &mut cs);
-                    self.rope.apply(kp.rows(t * kvd, kvd), c.head_dim, positions[t], &mut cs);
+                    self.rope
+                        .apply(qp.rows(t * qd, qd), c.head_dim, positions[t], &mut cs);
+                    self.rope
+                        .apply(kp.rows(t * kvd, kvd), c.head_dim, positions[t], &mut cs);
                 }
             });
             {
@@ -216,7 +258,11 @@ impl LlamaModel {
         if r > 0 {
             self.output.forward(ctx, &normed, r, &mut data);
         }
-        Ok(Logits { vocab: c.vocab_size, data, rows })
+        Ok(Logits {
+            vocab: c.vocab_size,
+            data,
+            rows,
+        })
     }
 }
 

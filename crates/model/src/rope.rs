@@ -19,14 +19,20 @@ impl Rope {
     pub fn new(cfg: &ModelConfig) -> Self {
         let d = cfg.rope_dim;
         let base = cfg.rope_theta as f64;
-        let mut inv_freq: Vec<f32> =
-            (0..d / 2).map(|i| (1.0 / base.powf((2 * i) as f64 / d as f64)) as f32).collect();
+        let mut inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| (1.0 / base.powf((2 * i) as f64 / d as f64)) as f32)
+            .collect();
         let mut mscale = 1.0f32;
         match &cfg.rope_scaling {
             RopeScaling::None => {}
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScaling::FreqFactors(ff) => inv_freq.iter_mut().zip(ff).for_each(|(f, s)| *f /= s),
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position,
+            } => {
                 let old = *original_max_position as f32;
                 let low_wavelen = old / low_freq_factor;
                 let high_wavelen = old / high_freq_factor;
@@ -35,19 +41,31 @@ impl Rope {
                     if wavelen > low_wavelen {
                         *f /= factor;
                     } else if wavelen >= high_wavelen {
-                        let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
                         *f = (1.0 - smooth) * *f / factor + smooth * *f;
                     }
                 }
             }
-            RopeScaling::Yarn { factor, original_max_position, beta_fast, beta_slow } => {
+            RopeScaling::Yarn {
+                factor,
+                original_max_position,
+                beta_fast,
+                beta_slow,
+            } => {
                 let dim_for = |rot: f32| {
-                    d as f32 * ((*original_max_position as f32) / (rot * 2.0 * std::f32::consts::PI)).ln()
+                    d as f32
+                        * ((*original_max_position as f32) / (rot * 2.0 * std::f32::consts::PI))
+                            .ln()
                         / (2.0 * base.ln() as f32)
                 };
                 let low = dim_for(*beta_fast).floor().max(0.0);
                 let high = dim_for(*beta_slow).ceil().min(d as f32 - 1.0);
-                let span = if high == low { high + 0.001 - low } else { high - low };
+                let span = if high == low {
+                    high + 0.001 - low
+                } else {
+                    high - low
+                };
                 for (i, f) in inv_freq.iter_mut().enumerate() {
                     let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
                     let extrapolation = 1.0 - ramp;
@@ -58,7 +76,12 @@ impl Rope {
                 }
             }
         }
-        Rope { inv_freq, mscale, style: cfg.rope_style, dim: d }
+        Rope {
+            inv_freq,
+            mscale,
+            style: cfg.rope_style,
+            dim: d,
+        }
     }
 
     /// Rotates every head of `x` (`n_heads` heads of `head_dim`) for position `pos`.
@@ -66,7 +89,10 @@ impl Rope {
         cs.clear();
         cs.extend(self.inv_freq.iter().map(|&f| {
             let angle = ((pos as f32) * f) as f64;
-            ((angle.cos() as f32) * self.mscale, (angle.sin() as f32) * self.mscale)
+            (
+                (angle.cos() as f32) * self.mscale,
+                (angle.sin() as f32) * self.mscale,
+            )
         }));
         let half = self.dim / 2;
         for head in x.chunks_exact_mut(head_dim) {

@@ -21,7 +21,12 @@ pub fn split_range(n: usize, units: usize, unit: usize) -> std::ops::Range<usize
 }
 
 /// Like [`split_range`], but every boundary is a multiple of `align` (except the end).
-pub fn split_range_aligned(n: usize, units: usize, unit: usize, align: usize) -> std::ops::Range<usize> {
+pub fn split_range_aligned(
+    n: usize,
+    units: usize,
+    unit: usize,
+    align: usize,
+) -> std::ops::Range<usize> {
     let align = align.max(1);
     let blocks = n.div_ceil(align);
     let r = split_range(blocks, units, unit);

@@ -67,7 +67,11 @@ impl ThreadPool {
                     .expect("spawning a compute thread")
             })
             .collect();
-        ThreadPool { shared, workers, submit: Mutex::new(()) }
+        ThreadPool {
+            shared,
+            workers,
+            submit: Mutex::new(()),
+        }
     }
 
     /// Number of compute units, the calling thread included.
@@ -90,7 +94,9 @@ impl ThreadPool {
         let ptr = JobPtr(unsafe {
             std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(job as *const _)
         });
-        self.shared.pending.store(self.workers.len(), Ordering::SeqCst);
+        self.shared
+            .pending
+            .store(self.workers.len(), Ordering::SeqCst);
         {
             let mut slot = self.shared.job.lock().unwrap_or_else(|e| e.into_inner());
             *slot = Some(ptr);
@@ -124,7 +130,9 @@ fn worker_loop(shared: &Shared, unit: usize) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
-        while shared.generation.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
+        while shared.generation.load(Ordering::Acquire) == seen
+            && !shared.shutdown.load(Ordering::Acquire)
+        {
             if spins < SPIN_LIMIT {
                 spins += 1;
                 std::hint::spin_loop();
@@ -132,7 +140,9 @@ fn worker_loop(shared: &Shared, unit: usize) {
             }
             let slot = shared.job.lock().unwrap_or_else(|e| e.into_inner());
             // Re-check under the lock: `run` bumps the generation while holding it.
-            if shared.generation.load(Ordering::Acquire) == seen && !shared.shutdown.load(Ordering::Acquire) {
+            if shared.generation.load(Ordering::Acquire) == seen
+                && !shared.shutdown.load(Ordering::Acquire)
+            {
                 drop(shared.wake.wait(slot).unwrap_or_else(|e| e.into_inner()));
             }
         }
@@ -200,7 +210,9 @@ mod tests {
     #[test]
     fn panics_propagate_and_pool_survives() {
         let pool = ThreadPool::new(2);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.run(|u| assert_ne!(u, 1))));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(|u| assert_ne!(u, 1))
+        }));
         assert!(r.is_err());
         let n = AtomicUsize::new(0);
         pool.run(|_| {

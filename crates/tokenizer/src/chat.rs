@@ -14,7 +14,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -37,7 +40,11 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| Error::Tokenizer(format!("chat template does not parse: {e}")))?;
-        Ok(ChatTemplate { env, bos_token: bos_token.into(), eos_token: eos_token.into() })
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
     }
 
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
@@ -61,7 +68,10 @@ mod tests {
         let src = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'].strip() + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
         let out = t.render(&[ChatMessage::new("user", " hi ")], true).unwrap();
-        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]

@@ -21,7 +21,8 @@ const TYPE_UNKNOWN: i32 = 2;
 const TYPE_CONTROL: i32 = 3;
 const TYPE_USER_DEFINED: i32 = 4;
 
-const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const GPT2_REGEX: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -42,16 +43,21 @@ fn pre_tokenizer(pre: &str) -> (Value, bool) {
                 {"type": "Digits", "individual_digits": true}, byte_level(true)]}),
             false,
         ),
-        "llama-bpe" | "llama3" | "smaug-bpe" => {
-            (json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}), true)
-        }
-        "qwen2" | "deepseek-r1-qwen" => {
-            (json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}), false)
-        }
+        "llama-bpe" | "llama3" | "smaug-bpe" => (
+            json!({"type": "Sequence", "pretokenizers": [split(LLAMA3_REGEX), byte_level(false)]}),
+            true,
+        ),
+        "qwen2" | "deepseek-r1-qwen" => (
+            json!({"type": "Sequence", "pretokenizers": [split(QWEN2_REGEX), byte_level(false)]}),
+            false,
+        ),
         "default" | "gpt2" | "gpt-2" => (byte_level(true), false),
         other => {
             tracing::warn!("unknown GGUF pre-tokenizer {other:?}; using GPT-2's");
-            (json!({"type": "Sequence", "pretokenizers": [split(GPT2_REGEX), byte_level(false)]}), false)
+            (
+                json!({"type": "Sequence", "pretokenizers": [split(GPT2_REGEX), byte_level(false)]}),
+                false,
+            )
         }
     }
 }
@@ -81,11 +87,18 @@ fn vocab_map(tokens: &[String]) -> serde_json::Map<String, Value> {
 /// The `tokenizer.json` document equivalent to a GGUF vocabulary.
 pub fn tokenizer_json(source: &TokenizerSource) -> Result<Value> {
     match source {
-        TokenizerSource::GgufBpe { tokens, token_types, merges, pre } => {
+        TokenizerSource::GgufBpe {
+            tokens,
+            token_types,
+            merges,
+            pre,
+        } => {
             let (pre_tok, ignore_merges) = pre_tokenizer(pre);
             for m in merges {
                 if m.split(' ').count() != 2 {
-                    return Err(Error::Tokenizer(format!("malformed merge {m:?} (expected \"left right\")")));
+                    return Err(Error::Tokenizer(format!(
+                        "malformed merge {m:?} (expected \"left right\")"
+                    )));
                 }
             }
             Ok(json!({
@@ -100,13 +113,22 @@ pub fn tokenizer_json(source: &TokenizerSource) -> Result<Value> {
                           "ignore_merges": ignore_merges, "vocab": vocab_map(tokens), "merges": merges}
             }))
         }
-        TokenizerSource::GgufSpm { tokens, token_types, scores, add_space_prefix } => {
-            let unk = token_types.iter().position(|&t| t == TYPE_UNKNOWN).map(|i| tokens[i].clone());
+        TokenizerSource::GgufSpm {
+            tokens,
+            token_types,
+            scores,
+            add_space_prefix,
+        } => {
+            let unk = token_types
+                .iter()
+                .position(|&t| t == TYPE_UNKNOWN)
+                .map(|i| tokens[i].clone());
             let mut normalizers = vec![];
             if *add_space_prefix {
                 normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
             }
-            normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
+            normalizers
+                .push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
             Ok(json!({
                 "version": "1.0", "truncation": null, "padding": null,
                 "added_tokens": added_tokens(tokens, token_types),
@@ -133,7 +155,11 @@ pub fn tokenizer_json(source: &TokenizerSource) -> Result<Value> {
 /// vocabulary pieces, ranked by the merged token's score (higher first), then by the pieces'
 /// ids, as transformers' `SentencePieceExtractor` orders them.
 fn spm_merges(tokens: &[String], types: &[i32], scores: &[f32]) -> Vec<String> {
-    let ids: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let ids: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
     let mut merges: Vec<(f32, usize, usize, String)> = vec![];
     for (id, piece) in tokens.iter().enumerate() {
         if types[id] != 1 {
@@ -157,14 +183,27 @@ mod tests {
     use tessera_formats::TokenizerSpec;
 
     fn spec(source: TokenizerSource, add_bos: bool) -> TokenizerSpec {
-        TokenizerSpec { source, bos_id: Some(1), eos_ids: vec![2], add_bos, chat_template: None }
+        TokenizerSpec {
+            source,
+            bos_id: Some(1),
+            eos_ids: vec![2],
+            add_bos,
+            chat_template: None,
+        }
     }
 
     /// A byte-level vocabulary: all 256 byte symbols plus a few merges.
     fn tiny_bpe(pre: &str) -> Tokenizer {
-        let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
+        let mut tokens: Vec<String> = vec![
+            "<|endoftext|>".into(),
+            "<|im_start|>".into(),
+            "<|im_end|>".into(),
+        ];
         // GPT-2 byte-to-unicode table.
-        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+            .chain(0xA1..=0xAC)
+            .chain(0xAE..=0xFF)
+            .collect();
         let mut cs = bs.clone();
         let mut n = 0;
         for b in 0..256u32 {
@@ -176,12 +215,27 @@ mod tests {
         }
         let mut pairs: Vec<(u32, u32)> = bs.into_iter().zip(cs).collect();
         pairs.sort();
-        tokens.extend(pairs.iter().map(|&(_, c)| char::from_u32(c).unwrap().to_string()));
+        tokens.extend(
+            pairs
+                .iter()
+                .map(|&(_, c)| char::from_u32(c).unwrap().to_string()),
+        );
         tokens.extend(["he", "ll", "hell", "hello", "Ġw", "12"].map(String::from));
-        let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "1 2"].map(String::from).to_vec();
+        let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "1 2"]
+            .map(String::from)
+            .to_vec();
         let mut types = vec![1; tokens.len()];
         types[..3].fill(TYPE_CONTROL);
-        Tokenizer::from_spec(&spec(TokenizerSource::GgufBpe { tokens, token_types: types, merges, pre: pre.into() }, false)).unwrap()
+        Tokenizer::from_spec(&spec(
+            TokenizerSource::GgufBpe {
+                tokens,
+                token_types: types,
+                merges,
+                pre: pre.into(),
+            },
+            false,
+        ))
+        .unwrap()
     }
 
     #[test]
@@ -198,7 +252,11 @@ mod tests {
         let gpt2 = tiny_bpe("gpt2");
         let smol = tiny_bpe("smollm");
         let tok = |t: &Tokenizer, s: &str| -> Vec<String> {
-            t.encode(s).unwrap().iter().map(|&i| t.token_text(i).unwrap()).collect()
+            t.encode(s)
+                .unwrap()
+                .iter()
+                .map(|&i| t.token_text(i).unwrap())
+                .collect()
         };
         assert_eq!(tok(&gpt2, "12"), ["12"]);
         assert_eq!(tok(&smol, "12"), ["1", "2"]);
@@ -208,7 +266,12 @@ mod tests {
     fn spm_vocab_encodes_with_scores_and_byte_fallback() {
         let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
         tokens.extend((0..256).map(|b| format!("<0x{b:02X}>")));
-        tokens.extend(["▁", "h", "e", "l", "o", "he", "ll", "▁he", "▁hell", "▁hello", "hel"].map(String::from));
+        tokens.extend(
+            [
+                "▁", "h", "e", "l", "o", "he", "ll", "▁he", "▁hell", "▁hello", "hel",
+            ]
+            .map(String::from),
+        );
         let mut types = vec![1; tokens.len()];
         types[0] = TYPE_UNKNOWN;
         types[1] = TYPE_CONTROL;
@@ -217,7 +280,16 @@ mod tests {
             *t = 6;
         }
         let scores: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32)).collect();
-        let t = Tokenizer::from_spec(&spec(TokenizerSource::GgufSpm { tokens, token_types: types, scores, add_space_prefix: true }, true)).unwrap();
+        let t = Tokenizer::from_spec(&spec(
+            TokenizerSource::GgufSpm {
+                tokens,
+                token_types: types,
+                scores,
+                add_space_prefix: true,
+            },
+            true,
+        ))
+        .unwrap();
         let ids = t.encode("hello").unwrap();
         assert_eq!(ids[0], 1, "BOS first");
         let text: Vec<String> = ids[1..].iter().map(|&i| t.token_text(i).unwrap()).collect();

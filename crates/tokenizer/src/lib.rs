@@ -34,10 +34,23 @@ impl Tokenizer {
             other => gguf::tokenizer_json(other)?.to_string(),
         };
         let inner: tokenizers::Tokenizer = json.parse().map_err(tok_err)?;
-        let mut t = Tokenizer { inner, bos_id: spec.bos_id, eos_ids: spec.eos_ids.clone(), add_bos: spec.add_bos, chat: None };
+        let mut t = Tokenizer {
+            inner,
+            bos_id: spec.bos_id,
+            eos_ids: spec.eos_ids.clone(),
+            add_bos: spec.add_bos,
+            chat: None,
+        };
         if let Some(src) = &spec.chat_template {
-            let bos = t.bos_id.and_then(|i| t.inner.id_to_token(i)).unwrap_or_default();
-            let eos = t.eos_ids.first().and_then(|&i| t.inner.id_to_token(i)).unwrap_or_default();
+            let bos = t
+                .bos_id
+                .and_then(|i| t.inner.id_to_token(i))
+                .unwrap_or_default();
+            let eos = t
+                .eos_ids
+                .first()
+                .and_then(|&i| t.inner.id_to_token(i))
+                .unwrap_or_default();
             t.chat = Some(ChatTemplate::new(src, &bos, &eos)?);
         }
         Ok(t)
@@ -89,8 +102,15 @@ impl Tokenizer {
     }
 
     /// Renders `messages` with the model's chat template.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let chat = self.chat.as_ref().ok_or_else(|| Error::Tokenizer("this model has no chat template".into()))?;
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let chat = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer("this model has no chat template".into()))?;
         chat.render(messages, add_generation_prompt)
     }
 

@@ -24,7 +24,10 @@ impl StreamDecoder {
         self.ids.push(id);
         let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = tok.decode(&self.ids[self.prefix_offset..])?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             let new = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();

@@ -50,8 +50,12 @@ pub unsafe fn dot_f32(a: *const f32, b: *const f32, k: usize) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn dot4_f32(x: *const f32, w: [*const f32; 4], k: usize) -> [f32; 4] {
     let n = k / 8 * 8;
-    let (mut a0, mut a1, mut a2, mut a3) =
-        (_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut a0, mut a1, mut a2, mut a3) = (
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+        _mm256_setzero_ps(),
+    );
     let mut i = 0;
     while i < n {
         let xv = _mm256_loadu_ps(x.add(i));
@@ -140,7 +144,10 @@ pub unsafe fn dequantize(dtype: DType, row: &[u8], out: &mut [f32]) {
                 let d = _mm256_set1_ps(tessera_core::blocks::f16_bits_to_f32(blk.d));
                 for (j, q) in nibbles_to_f32(blk.qs.as_ptr()).into_iter().enumerate() {
                     // (q - 8) is exact in f32, so this equals the reference `(q - 8) as f32 * d`.
-                    _mm256_storeu_ps(o.add(b * QK + 8 * j), _mm256_mul_ps(_mm256_sub_ps(q, eight), d));
+                    _mm256_storeu_ps(
+                        o.add(b * QK + 8 * j),
+                        _mm256_mul_ps(_mm256_sub_ps(q, eight), d),
+                    );
                 }
             }
         }

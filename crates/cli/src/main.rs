@@ -1,0 +1,251 @@
+//! The `tessera` command line. Each subcommand is a thin layer over the engine crates;
+//! errors are reported in one line and a non-zero exit status, never a panic.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use tessera_engine::engine::default_threads;
+use tessera_engine::generate::{generate, GenerateRequest};
+use tessera_engine::{store, Engine, SamplingParams};
+use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
+use tessera_tokenizer::ChatMessage;
+
+#[derive(Parser)]
+#[command(name = "tessera", version, about = "LLM inference and serving engine")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct ModelArgs {
+    /// GGUF file or Hugging Face model folder (default: the cached default model, fetched if missing).
+    #[arg(long, global = true)]
+    model: Option<PathBuf>,
+    /// Compute threads (default: all available cores).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Generate {
+        #[arg(long)]
+        prompt: String,
+        /// Wrap the prompt as a user message in the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        #[arg(long, default_value_t = 128)]
+        max_tokens: usize,
+        /// 0 means greedy.
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f32,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// 0 disables.
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        #[arg(long, default_value_t = 0.0)]
+        min_p: f32,
+        #[arg(long, default_value_t = 1.0)]
+        repetition_penalty: f32,
+        #[arg(long, default_value_t = 0.0)]
+        presence_penalty: f32,
+        #[arg(long, default_value_t = 0.0)]
+        frequency_penalty: f32,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Stop when this text is generated (repeatable).
+        #[arg(long)]
+        stop: Vec<String>,
+        /// Keep generating past end-of-sequence tokens.
+        #[arg(long)]
+        ignore_eos: bool,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Print the argmax at every position and the last position's top-k logits as JSON.
+    Logits {
+        /// Comma-separated token ids.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tokens: Vec<u32>,
+        #[arg(long, default_value_t = 20)]
+        top_k: usize,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Print the token ids of TEXT as a JSON array.
+    Tokenize {
+        text: String,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Perplexity of a text file, computed as llama-perplexity does.
+    Perplexity {
+        #[arg(long)]
+        file: PathBuf,
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Fetch the default model into the user cache and verify it.
+    Pull,
+}
+
+fn load(args: &ModelArgs) -> Result<Engine> {
+    let path = store::resolve_model(args.model.as_deref())?;
+    let threads = args.threads.unwrap_or_else(default_threads);
+    if threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let engine =
+        Engine::load(&path, threads).with_context(|| format!("loading {}", path.display()))?;
+    eprintln!(
+        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads [{}]",
+        engine.name,
+        engine.weight_bytes as f64 / 1e6,
+        engine.load_secs,
+        tessera_kernels_isa()
+    );
+    Ok(engine)
+}
+
+fn tessera_kernels_isa() -> &'static str {
+    tessera_engine::isa_name()
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Pull => {
+            let p = store::pull_default()?;
+            println!("{}", p.display());
+        }
+        Command::Tokenize { text, model } => {
+            let engine = load(&model)?;
+            let ids = engine.tokenizer.encode(&text)?;
+            println!("{}", serde_json::to_string(&ids)?);
+        }
+        Command::Logits {
+            tokens,
+            top_k,
+            model,
+        } => {
+            let engine = load(&model)?;
+            let seq = SeqChunk {
+                tokens: tokens.clone(),
+                start_pos: 0,
+                block_table: vec![],
+                logits: LogitsFor::All,
+            };
+            let n = tokens.len();
+            let mut kv = engine.model.new_kv_storage(16, n.div_ceil(16))?;
+            let seq = SeqChunk {
+                block_table: (0..kv.num_blocks() as u32).collect(),
+                ..seq
+            };
+            let logits =
+                engine
+                    .model
+                    .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &engine.ctx())?;
+            let argmax: Vec<u32> = (0..n)
+                .map(|i| tessera_engine::sampling::argmax(logits.row(i)))
+                .collect();
+            let last = logits.row(n - 1);
+            let mut idx: Vec<usize> = (0..last.len()).collect();
+            idx.sort_by(|&a, &b| last[b].total_cmp(&last[a]).then(a.cmp(&b)));
+            let top: Vec<(usize, f32)> =
+                idx.into_iter().take(top_k).map(|i| (i, last[i])).collect();
+            println!("{}", serde_json::json!({ "argmax": argmax, "top_k": top }));
+        }
+        Command::Perplexity { file, ctx, model } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let engine = load(&model)?;
+            let tokens = engine.tokenizer.encode(&text)?;
+            eprintln!("{} tokens, chunks of {ctx}", tokens.len());
+            let report =
+                tessera_engine::perplexity::perplexity(&engine, &tokens, ctx, &mut |i, n, ppl| {
+                    eprint!("[{}/{n}]{ppl:.4} ", i + 1);
+                    let _ = std::io::stderr().flush();
+                })?;
+            eprintln!();
+            println!(
+                "PPL = {:.4} over {} chunks of {ctx} ({} scored tokens), {:.1} tokens/s",
+                report.ppl, report.chunks, report.scored_tokens, report.tokens_per_sec
+            );
+        }
+        Command::Generate {
+            prompt,
+            chat,
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            seed,
+            stop,
+            ignore_eos,
+            model,
+        } => {
+            let engine = load(&model)?;
+            let text = if chat {
+                engine
+                    .tokenizer
+                    .apply_chat_template(&[ChatMessage::new("user", &prompt)], true)?
+            } else {
+                prompt
+            };
+            let prompt_ids = engine.tokenizer.encode(&text)?;
+            let params = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
+                seed,
+            };
+            let req = GenerateRequest {
+                prompt_ids,
+                max_tokens,
+                params,
+                stop,
+                ignore_eos,
+            };
+            let mut out = std::io::stdout().lock();
+            let stats = generate(&engine, &req, &mut |t| {
+                let _ = out.write_all(t.as_bytes());
+                let _ = out.flush();
+            })?;
+            let _ = writeln!(out);
+            eprintln!(
+                "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | finish: {:?}",
+                stats.prompt_tokens,
+                stats.prefill_tok_s(),
+                stats.tokens.len(),
+                stats.decode_tok_s(),
+                stats.finish
+            );
+        }
+    }
+    Ok(())
+}

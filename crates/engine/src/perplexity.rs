@@ -1,0 +1,96 @@
+//! Perplexity the way llama.cpp's `llama-perplexity` computes it: the text is cut into
+//! chunks of `ctx` tokens (BOS replacing the first token when the model adds BOS), each
+//! chunk is evaluated from an empty cache, and only the second half of each chunk is scored
+//! (every scored token then has at least `ctx/2` tokens of context).
+
+use std::time::Instant;
+
+use tessera_core::{Error, Result};
+use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
+
+use crate::generate::BLOCK_SIZE;
+use crate::sampling::logprob;
+use crate::Engine;
+
+#[derive(Debug, Clone)]
+pub struct PerplexityReport {
+    pub ppl: f64,
+    pub chunks: usize,
+    pub scored_tokens: usize,
+    pub tokens_per_sec: f64,
+    /// Running perplexity after each chunk.
+    pub running: Vec<f64>,
+}
+
+/// Perplexity of `tokens` in chunks of `ctx`; `on_chunk(i, n, running_ppl)` reports progress.
+pub fn perplexity(
+    engine: &Engine,
+    tokens: &[u32],
+    ctx: usize,
+    on_chunk: &mut dyn FnMut(usize, usize, f64),
+) -> Result<PerplexityReport> {
+    if ctx < 4 {
+        return Err(Error::Config(format!(
+            "--ctx {ctx} is too small (at least 4)"
+        )));
+    }
+    if ctx > engine.model.config.max_position {
+        return Err(Error::Config(format!(
+            "--ctx {ctx} exceeds the model's context {}",
+            engine.model.config.max_position
+        )));
+    }
+    let n_chunks = tokens.len() / ctx;
+    if n_chunks == 0 {
+        return Err(Error::Other(format!(
+            "the text has {} tokens; at least --ctx = {ctx} are needed",
+            tokens.len()
+        )));
+    }
+    let bos = if engine.tokenizer.bos_id().is_some()
+        && tokens.first() == engine.tokenizer.bos_id().as_ref()
+    {
+        engine.tokenizer.bos_id()
+    } else {
+        None
+    };
+    let mut kv = engine
+        .model
+        .new_kv_storage(BLOCK_SIZE, ctx.div_ceil(BLOCK_SIZE))?;
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let first = ctx / 2;
+    let (mut nll, mut count) = (0f64, 0usize);
+    let mut running = vec![];
+    let t0 = Instant::now();
+    for c in 0..n_chunks {
+        let mut chunk: Vec<u32> = tokens[c * ctx..(c + 1) * ctx].to_vec();
+        if let Some(b) = bos {
+            chunk[0] = b;
+        }
+        let seq = SeqChunk {
+            tokens: chunk.clone(),
+            start_pos: 0,
+            block_table: table.clone(),
+            logits: LogitsFor::All,
+        };
+        let logits =
+            engine
+                .model
+                .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &engine.ctx())?;
+        for j in first..ctx - 1 {
+            nll -= logprob(logits.row(j), tokens[c * ctx + j + 1] as usize);
+            count += 1;
+        }
+        let ppl = (nll / count as f64).exp();
+        running.push(ppl);
+        on_chunk(c, n_chunks, ppl);
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    Ok(PerplexityReport {
+        ppl: (nll / count as f64).exp(),
+        chunks: n_chunks,
+        scored_tokens: count,
+        tokens_per_sec: (n_chunks * ctx) as f64 / secs.max(1e-9),
+        running,
+    })
+}

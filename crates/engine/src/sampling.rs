@@ -1,0 +1,344 @@
+//! Turning logits into the next token.
+//!
+//! Order, as in transformers' and vLLM's logits processors: repetition penalty (over prompt
+//! and output), presence/frequency penalties (over output, OpenAI semantics), then greedy if
+//! `temperature == 0`, else temperature, top-k, top-p, min-p, and a draw from the remaining
+//! distribution with the request's own seeded generator (PCG32), so a seed reproduces a run.
+
+use std::collections::HashMap;
+
+use tessera_core::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 means disabled.
+    pub top_k: usize,
+    /// 1 means disabled.
+    pub top_p: f32,
+    /// 0 means disabled.
+    pub min_p: f32,
+    /// 1 means disabled.
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+
+    /// Checks ranges; the error names the parameter.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &str, v: f32, range: &str| {
+            Err(Error::Config(format!(
+                "{name} = {v} is out of range ({range})"
+            )))
+        };
+        if !(self.temperature.is_finite() && self.temperature >= 0.0 && self.temperature <= 100.0) {
+            return bad("temperature", self.temperature, "0 to 100");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p, "greater than 0, at most 1");
+        }
+        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
+            return bad("min_p", self.min_p, "0 to 1");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad(
+                "repetition_penalty",
+                self.repetition_penalty,
+                "greater than 0",
+            );
+        }
+        if !(self.presence_penalty.abs() <= 2.0) {
+            return bad("presence_penalty", self.presence_penalty, "-2 to 2");
+        }
+        if !(self.frequency_penalty.abs() <= 2.0) {
+            return bad("frequency_penalty", self.frequency_penalty, "-2 to 2");
+        }
+        Ok(())
+    }
+}
+
+/// PCG-XSH-RR 32 (O'Neill 2014): small, fast, and stable across library versions.
+#[derive(Debug, Clone)]
+pub struct Pcg32 {
+    state: u64,
+    inc: u64,
+}
+
+impl Pcg32 {
+    pub fn new(seed: u64) -> Self {
+        let mut r = Pcg32 {
+            state: 0,
+            inc: (0xda3e39cb94b95bdb << 1) | 1,
+        };
+        r.next_u32();
+        r.state = r.state.wrapping_add(seed);
+        r.next_u32();
+        r
+    }
+    pub fn next_u32(&mut self) -> u32 {
+        let old = self.state;
+        self.state = old.wrapping_mul(6364136223846793005).wrapping_add(self.inc);
+        let xorshifted = (((old >> 18) ^ old) >> 27) as u32;
+        let rot = (old >> 59) as u32;
+        xorshifted.rotate_right(rot)
+    }
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        let hi = (self.next_u32() >> 5) as u64;
+        let lo = (self.next_u32() >> 6) as u64;
+        ((hi << 26) | lo) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A request's sampler: its parameters, generator and the token counts penalties need.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Pcg32,
+    /// Prompt and output tokens (repetition penalty).
+    seen: HashMap<u32, ()>,
+    /// Output token counts (presence and frequency penalties).
+    output_counts: HashMap<u32, u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        let seed = params.seed.unwrap_or_else(|| {
+            use std::time::{SystemTime, UNIX_EPOCH};
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        let seen = prompt.iter().map(|&t| (t, ())).collect();
+        Sampler {
+            params,
+            rng: Pcg32::new(seed),
+            seen,
+            output_counts: HashMap::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a generated token (for penalties).
+    pub fn accept(&mut self, token: u32) {
+        self.seen.insert(token, ());
+        *self.output_counts.entry(token).or_default() += 1;
+    }
+
+    /// Applies penalties to `logits` in place.
+    pub fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &t in self.seen.keys() {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
+                }
+            }
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            for (&t, &c) in &self.output_counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.presence_penalty + p.frequency_penalty * c as f32;
+                }
+            }
+        }
+    }
+
+    /// Picks the next token from (a copy of) `logits`.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let mut l = logits.to_vec();
+        self.apply_penalties(&mut l);
+        let p = self.params.clone();
+        if p.temperature == 0.0 {
+            return argmax(&l);
+        }
+        // Candidates sorted by logit, highest first (ties by id for determinism).
+        let mut cand: Vec<(u32, f32)> = l
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v / p.temperature))
+            .collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.truncate(p.top_k);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f64> = cand.iter().map(|c| ((c.1 - max) as f64).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= sum);
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, &pr) in probs.iter().enumerate() {
+                acc += pr;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            let keep = probs.iter().take_while(|&&x| x >= floor).count().max(1);
+            probs.truncate(keep);
+        }
+        let total: f64 = probs.iter().sum();
+        let mut r = self.rng.next_f64() * total;
+        for (i, &pr) in probs.iter().enumerate() {
+            if r < pr {
+                return cand[i].0;
+            }
+            r -= pr;
+        }
+        cand[probs.len() - 1].0
+    }
+}
+
+/// Index of the largest value (the first on ties).
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// `log_softmax(x)[i]`, computed stably in f64.
+pub fn logprob(x: &[f32], i: usize) -> f64 {
+    let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+    x[i] as f64 - lse
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.0, 0.5, 2.9]
+    }
+
+    #[test]
+    fn greedy_takes_argmax() {
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]);
+        assert_eq!(s.sample(&logits()), 1);
+    }
+
+    #[test]
+    fn seed_reproduces_and_top_k_limits() {
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            seed: Some(42),
+            ..Default::default()
+        };
+        let draw = |p: &SamplingParams| {
+            let mut s = Sampler::new(p.clone(), &[]);
+            (0..200).map(|_| s.sample(&logits())).collect::<Vec<_>>()
+        };
+        let a = draw(&p);
+        assert_eq!(a, draw(&p));
+        assert!(a.iter().all(|&t| t == 1 || t == 4));
+        assert!(a.contains(&1) && a.contains(&4));
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            seed: Some(1),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p, &[]);
+        // p(1) ≈ 0.38, p(4) ≈ 0.35: top_p 0.5 keeps {1, 4}.
+        assert!((0..100).all(|_| matches!(s.sample(&logits()), 1 | 4)));
+        let p = SamplingParams {
+            temperature: 1.0,
+            min_p: 0.95,
+            seed: Some(1),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p, &[]);
+        assert!((0..100).all(|_| s.sample(&logits()) == 1));
+    }
+
+    #[test]
+    fn penalties_change_the_choice() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p, &[1]);
+        assert_eq!(s.sample(&logits()), 4);
+        let p = SamplingParams {
+            temperature: 0.0,
+            frequency_penalty: 1.0,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p, &[]);
+        s.accept(1);
+        assert_eq!(s.sample(&logits()), 4);
+    }
+
+    #[test]
+    fn validation_names_the_parameter() {
+        let p = SamplingParams {
+            top_p: 1.5,
+            ..Default::default()
+        };
+        assert!(p.validate().unwrap_err().to_string().contains("top_p"));
+        let p = SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        };
+        assert!(p
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("temperature"));
+    }
+
+    #[test]
+    fn logprob_is_normalised() {
+        let l = logits();
+        let s: f64 = (0..l.len()).map(|i| logprob(&l, i).exp()).sum();
+        assert!((s - 1.0).abs() < 1e-12);
+    }
+}

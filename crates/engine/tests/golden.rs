@@ -16,7 +16,8 @@ use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_tokenizer::ChatMessage;
 
 fn golden() -> Value {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-135m-q4_1.json");
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/smollm2-135m-q4_1.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -26,7 +27,11 @@ fn engine() -> Engine {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -39,12 +44,22 @@ fn golden_numerics_match_transformers() {
         if let Some(msgs) = p["chat_messages"].as_array() {
             let msgs: Vec<ChatMessage> = msgs
                 .iter()
-                .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+                .map(|m| {
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
                 .collect();
-            assert_eq!(e.tokenizer.apply_chat_template(&msgs, true).unwrap(), text, "{name}: chat template");
+            assert_eq!(
+                e.tokenizer.apply_chat_template(&msgs, true).unwrap(),
+                text,
+                "{name}: chat template"
+            );
         }
         let want_ids = ids(&p["ids"]);
-        assert_eq!(e.tokenizer.encode(text).unwrap(), want_ids, "{name}: token ids");
+        assert_eq!(
+            e.tokenizer.encode(text).unwrap(),
+            want_ids,
+            "{name}: token ids"
+        );
 
         let n = want_ids.len();
         let mut kv = e.model.new_kv_storage(16, n.div_ceil(16)).unwrap();
@@ -54,12 +69,24 @@ fn golden_numerics_match_transformers() {
             block_table: (0..kv.num_blocks() as u32).collect(),
             logits: LogitsFor::All,
         };
-        let logits = e.model.forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx()).unwrap();
+        let logits = e
+            .model
+            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
+            .unwrap();
         let want_argmax = ids(&p["argmax"]);
-        let margins: Vec<f64> = p["margin"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+        let margins: Vec<f64> = p["margin"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m.as_f64().unwrap())
+            .collect();
         for i in 0..n {
             let got = argmax(logits.row(i));
-            assert_eq!(got, want_argmax[i], "{name}: argmax at position {i} (reference margin {})", margins[i]);
+            assert_eq!(
+                got, want_argmax[i],
+                "{name}: argmax at position {i} (reference margin {})",
+                margins[i]
+            );
         }
         let last = logits.row(n - 1);
         let mut worst = 0f64;
@@ -68,7 +95,11 @@ fn golden_numerics_match_transformers() {
             let want = pair[1].as_f64().unwrap();
             let diff = (last[id] as f64 - want).abs();
             worst = worst.max(diff);
-            assert!(diff <= 1e-2, "{name}: logit of token {id}: {} vs transformers {want}", last[id]);
+            assert!(
+                diff <= 1e-2,
+                "{name}: logit of token {id}: {} vs transformers {want}",
+                last[id]
+            );
         }
         eprintln!("{name}: {n} positions, argmax equal; top-20 max |diff| = {worst:.2e}");
 
@@ -80,7 +111,11 @@ fn golden_numerics_match_transformers() {
             ignore_eos: true,
         };
         let stats = generate(&e, &req, &mut |_| {}).unwrap();
-        assert_eq!(stats.tokens, ids(&p["greedy32"]), "{name}: greedy continuation");
+        assert_eq!(
+            stats.tokens,
+            ids(&p["greedy32"]),
+            "{name}: greedy continuation"
+        );
     }
 }
 
@@ -93,13 +128,20 @@ fn tokenizer_matches_the_original_smollm2_tokenizer() {
         let text = case["text"].as_str().unwrap();
         let want = ids(&case["ids_original"]);
         assert_eq!(e.tokenizer.encode(text).unwrap(), want, "ids of {text:?}");
-        assert_eq!(e.tokenizer.decode(&want).unwrap(), text, "decode of {text:?}");
+        assert_eq!(
+            e.tokenizer.decode(&want).unwrap(),
+            text,
+            "decode of {text:?}"
+        );
         if ids(&case["ids_transformers_gguf"]) != want {
             differing += 1;
         }
     }
     // The golden set must keep covering the digit-split difference (e.g. "a  1").
-    assert!(differing >= 1, "no case distinguishes the original tokenizer from transformers' GGUF conversion");
+    assert!(
+        differing >= 1,
+        "no case distinguishes the original tokenizer from transformers' GGUF conversion"
+    );
 }
 
 #[test]
@@ -115,7 +157,12 @@ fn capital_of_france_greedy() {
     let mut text = String::new();
     let stats = generate(&e, &req, &mut |t| text.push_str(t)).unwrap();
     let g = golden();
-    let p = g["prompts"].as_array().unwrap().iter().find(|p| p["name"] == "capital_france").unwrap();
+    let p = g["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "capital_france")
+        .unwrap();
     assert_eq!(stats.tokens, ids(&p["greedy32"])[..16].to_vec());
     assert!(text.starts_with(" Paris"), "{text:?}");
 }

@@ -149,12 +149,13 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         .iter()
         .filter_map(|info| match f.tensor(info) {
             Ok(t) => Some(Ok((info.name.clone(), t))),
-            // Unsupported formats are reported when a tensor is needed, naming it.
+            // Reported below, naming the first such tensor.
             Err(Error::UnsupportedTensorType { .. }) => None,
             Err(e) => Some(Err(e)),
         })
         .collect::<Result<_>>()?;
-    // Report an unsupported type for any tensor the model would use.
+    // Every tensor of a Llama-family file is used, so any unsupported type is fatal
+    // (`rope_freqs.weight` aside, which is read as f32 factors when present).
     for info in &f.tensors {
         if tessera_core::DType::from_ggml_type(info.ggml_type).is_none()
             && info.name != "rope_freqs.weight"

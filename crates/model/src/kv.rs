@@ -43,6 +43,10 @@ impl KvStorage {
     pub fn kv_dim(&self) -> usize {
         self.kv_dim
     }
+    /// Number of layers held.
+    pub fn layers(&self) -> usize {
+        self.k.len()
+    }
     /// Bytes held (K and V, all layers).
     pub fn bytes(&self) -> usize {
         2 * self.k.len() * self.num_blocks * self.block_size * self.kv_dim * 4

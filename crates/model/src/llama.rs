@@ -132,10 +132,12 @@ impl LlamaModel {
                 rows: vec![],
             });
         }
-        if kv.kv_dim() != kvd {
+        if kv.kv_dim() != kvd || kv.layers() != c.n_layers {
             return Err(Error::Other(format!(
-                "KV storage has kv_dim {}, model needs {kvd}",
-                kv.kv_dim()
+                "KV storage has {} layers of kv_dim {}, model needs {} of {kvd}",
+                kv.layers(),
+                kv.kv_dim(),
+                c.n_layers
             )));
         }
         // Positions of every token, validated up front so the step cannot fail half-way.
@@ -242,7 +244,7 @@ impl LlamaModel {
             let n = chunk.tokens.len();
             let want: Box<dyn Iterator<Item = usize>> = match chunk.logits {
                 LogitsFor::None => Box::new(0..0),
-                LogitsFor::Last => Box::new(n - 1..n),
+                LogitsFor::Last => Box::new(n.saturating_sub(1)..n),
                 LogitsFor::All => Box::new(0..n),
             };
             for i in want {

@@ -43,3 +43,34 @@ pub fn reduce_lanes(acc: &[f32; LANES]) -> f32 {
 pub fn dequantize(dtype: DType, row: &[u8], out: &mut [f32]) {
     dequantize_row(dtype, row, out)
 }
+
+/// Portable twin of `x86::avx2_q8::tile`: 8 outputs of group `g` for activation row `r`.
+pub fn packed_group_row(
+    pw: &crate::packed::PackedWeight,
+    g: usize,
+    xq: &crate::quant_acts::QuantizedActs,
+    r: usize,
+    out: &mut [f32; 8],
+) {
+    use tessera_core::blocks::{f16_bits_to_f32, QK};
+    let (_, d_off, m_off) = crate::packed::record_layout(pw.dtype).expect("packed dtype");
+    let mut acc = [0f32; 8];
+    for b in 0..pw.blocks {
+        let rec = pw.record(g, b);
+        let xb = xq.block(r, b);
+        let i = r * xq.blocks_per_row + b;
+        for (c, a) in acc.iter_mut().enumerate() {
+            let mut isum: i32 = (0..QK).map(|e| pw.quant(g, b, c, e) * xb[e] as i32).sum();
+            if pw.dtype == DType::Q4_0 {
+                isum -= 8 * xq.qsum[i];
+            }
+            let dw = f16_bits_to_f32([rec[d_off + 2 * c], rec[d_off + 2 * c + 1]]);
+            *a += isum as f32 * (dw * xq.d[i]);
+            if pw.dtype == DType::Q4_1 {
+                let mw = f16_bits_to_f32([rec[m_off + 2 * c], rec[m_off + 2 * c + 1]]);
+                *a += mw * xq.s[i];
+            }
+        }
+    }
+    *out = acc;
+}

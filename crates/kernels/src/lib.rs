@@ -12,10 +12,16 @@
 //! summation order depends only on K (8 lanes, a fixed lane tree, then the tail), never on M,
 //! N, the thread count or the other rows. That makes every row's result batch-invariant.
 
+pub mod cost;
+pub mod gemm;
 pub mod generic;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod packed;
+pub mod plan;
+pub mod planner;
+pub mod quant_acts;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 

@@ -36,7 +36,10 @@ pub unsafe fn dot_f32(a: *const f32, b: *const f32, k: usize) -> f32 {
     }
     let mut s = hsum(acc);
     while i < k {
-        s = (*a.add(i)).mul_add(*b.add(i), s);
+        s = a
+            .add(i)
+            .read_unaligned()
+            .mul_add(b.add(i).read_unaligned(), s);
         i += 1;
     }
     s
@@ -68,7 +71,10 @@ pub unsafe fn dot4_f32(x: *const f32, w: [*const f32; 4], k: usize) -> [f32; 4] 
     let mut s = [hsum(a0), hsum(a1), hsum(a2), hsum(a3)];
     while i < k {
         for (r, sr) in s.iter_mut().enumerate() {
-            *sr = (*x.add(i)).mul_add(*w[r].add(i), *sr);
+            *sr = x
+                .add(i)
+                .read_unaligned()
+                .mul_add(w[r].add(i).read_unaligned(), *sr);
         }
         i += 1;
     }
@@ -161,4 +167,48 @@ pub unsafe fn dequantize(dtype: DType, row: &[u8], out: &mut [f32]) {
             }
         }
     }
+}
+
+/// An `MR × NR` tile of canonical dot products: `out[m][n] = dot(x[m], w[n])` over `k`,
+/// each element with exactly [`dot_f32`]'s arithmetic (so the tile shape never changes a
+/// result). Each `x[m]` load is shared by `NR` rows and each `w[n]` load by `MR` rows.
+///
+/// # Safety
+/// AVX2+FMA available; every `x[m]` and `w[n]` valid for `k` f32 reads.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn tile_f32<const MR: usize, const NR: usize>(
+    x: [*const f32; MR],
+    w: [*const f32; NR],
+    k: usize,
+) -> [[f32; NR]; MR] {
+    let n8 = k / 8 * 8;
+    let mut acc = [[_mm256_setzero_ps(); NR]; MR];
+    let mut i = 0;
+    while i < n8 {
+        let mut xv = [_mm256_setzero_ps(); MR];
+        for m in 0..MR {
+            xv[m] = _mm256_loadu_ps(x[m].add(i));
+        }
+        for n in 0..NR {
+            let wv = _mm256_loadu_ps(w[n].add(i));
+            for m in 0..MR {
+                acc[m][n] = _mm256_fmadd_ps(xv[m], wv, acc[m][n]);
+            }
+        }
+        i += 8;
+    }
+    let mut out = [[0f32; NR]; MR];
+    for m in 0..MR {
+        for n in 0..NR {
+            let mut s = hsum(acc[m][n]);
+            for t in n8..k {
+                s = x[m]
+                    .add(t)
+                    .read_unaligned()
+                    .mul_add(w[n].add(t).read_unaligned(), s);
+            }
+            out[m][n] = s;
+        }
+    }
+    out
 }

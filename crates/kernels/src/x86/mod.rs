@@ -2,3 +2,4 @@
 //! in its `#[target_feature]`; callers check [`crate::Isa::active`] first.
 
 pub mod avx2;
+pub mod avx2_q8;

@@ -1,0 +1,317 @@
+//! Executes a [`Plan`]: `out[m, n] = x[m, k] · W[n, k]ᵀ (+ bias)`.
+//!
+//! Units take their (activation rows × weight rows) range from the parallel plan; within it
+//! the loops run: weight block of `nc` rows (dequantized once into a scratch panel for the
+//! F32Dot family) → activation block of `mc` rows → register tiles of `mr × nr`. Edge tiles
+//! use smaller register tiles of the same family, so results never depend on the tiling.
+
+use std::cell::RefCell;
+
+use tessera_core::WeightTensor;
+use tessera_runtime::{split_range, split_range_aligned, ThreadPool};
+
+use crate::generic;
+use crate::isa::Isa;
+use crate::packed::{PackedWeight, GROUP};
+use crate::plan::{KernelFamily, Plan};
+use crate::quant_acts::QuantizedActs;
+
+/// A weight in the layouts its kernels read: the stored tensor, plus the interleaved
+/// repack when the fast path is enabled for a block-quantized format.
+pub struct GemmWeight {
+    pub tensor: WeightTensor,
+    pub packed: Option<PackedWeight>,
+}
+
+impl GemmWeight {
+    pub fn new(tensor: WeightTensor, repack: bool) -> Self {
+        let packed = if repack {
+            PackedWeight::pack(&tensor)
+        } else {
+            None
+        };
+        GemmWeight { tensor, packed }
+    }
+    pub fn n(&self) -> usize {
+        self.tensor.rows()
+    }
+    pub fn k(&self) -> usize {
+        self.tensor.cols()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: units write disjoint (row, column) ranges of the output.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+thread_local! {
+    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `plan`. Panics on inconsistent shapes (callers check them once at load).
+pub fn execute(
+    pool: &ThreadPool,
+    plan: &Plan,
+    x: &[f32],
+    m: usize,
+    w: &GemmWeight,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let (n, k) = (w.n(), w.k());
+    assert_eq!(x.len(), m * k, "gemm: x is not [m, k]");
+    assert_eq!(out.len(), m * n, "gemm: out is not [m, n]");
+    if let Some(b) = bias {
+        assert_eq!(b.len(), n, "gemm: bias is not [n]");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let isa = Isa::active();
+    let (m_parts, n_parts) = plan.parallel.parts();
+    let units = (m_parts * n_parts).min(pool.units()).max(1);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    match plan.tile.family {
+        KernelFamily::F32Dot => pool.run(|u| {
+            if u >= units {
+                return;
+            }
+            let rows = split_range(m, m_parts, u / n_parts);
+            let cols = split_range_aligned(n, n_parts, u % n_parts, GROUP);
+            f32dot_range(isa, plan, x, k, n, w, bias, rows, cols, out_ptr);
+        }),
+        KernelFamily::Q8Interleaved => {
+            let pw = w
+                .packed
+                .as_ref()
+                .expect("Q8Interleaved plan needs a repacked weight");
+            let xq = QuantizedActs::quantize(x, m, k);
+            pool.run(|u| {
+                if u >= units {
+                    return;
+                }
+                let rows = split_range(m, m_parts, u / n_parts);
+                let groups = split_range(pw.groups, n_parts, u % n_parts);
+                q8_range(isa, plan, &xq, n, pw, bias, rows, groups, out_ptr);
+            })
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn f32dot_range(
+    isa: Isa,
+    plan: &Plan,
+    x: &[f32],
+    k: usize,
+    n: usize,
+    w: &GemmWeight,
+    bias: Option<&[f32]>,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: OutPtr,
+) {
+    let t = &plan.tile;
+    PANEL.with(|panel| {
+        let mut panel = panel.borrow_mut();
+        let nc = t.nc.max(1);
+        if panel.len() < nc * k {
+            panel.resize(nc * k, 0.0);
+        }
+        let mut n0 = cols.start;
+        while n0 < cols.end {
+            let ncb = nc.min(cols.end - n0);
+            for r in 0..ncb {
+                dequantize(isa, &w.tensor, n0 + r, &mut panel[r * k..(r + 1) * k]);
+            }
+            let mut m0 = rows.start;
+            while m0 < rows.end {
+                let mcb = t.mc.max(1).min(rows.end - m0);
+                let mut j = 0;
+                while j < ncb {
+                    let nr = t.nr.min(ncb - j);
+                    let mut i = 0;
+                    while i < mcb {
+                        let mr = t.mr.min(mcb - i);
+                        let xs = |a: usize| &x[(m0 + i + a) * k..(m0 + i + a + 1) * k];
+                        let ws = |b: usize| &panel[(j + b) * k..(j + b + 1) * k];
+                        f32_tile(isa, mr, nr, &xs, &ws, k, &mut |a, b, v| {
+                            let (row, col) = (m0 + i + a, n0 + j + b);
+                            let v = v + bias.map_or(0.0, |bs| bs[col]);
+                            // SAFETY: (row, col) lies in this unit's disjoint ranges.
+                            unsafe { *out.at(row * n + col) = v };
+                        });
+                        i += mr;
+                    }
+                    j += nr;
+                }
+                m0 += mcb;
+            }
+            n0 += ncb;
+        }
+    });
+}
+
+fn dequantize(isa: Isa, w: &WeightTensor, row: usize, out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Avx2Fma is active only with AVX2, FMA and F16C; the row holds `out.len()`
+        // elements (WeightTensor checked its byte length).
+        Isa::Avx2Fma => unsafe { crate::x86::avx2::dequantize(w.dtype, w.row(row), out) },
+        _ => generic::dequantize(w.dtype, w.row(row), out),
+    }
+}
+
+/// One `mr × nr` register tile of canonical dots, results delivered through `put`.
+fn f32_tile<'a>(
+    isa: Isa,
+    mr: usize,
+    nr: usize,
+    xs: &dyn Fn(usize) -> &'a [f32],
+    ws: &dyn Fn(usize) -> &'a [f32],
+    k: usize,
+    put: &mut dyn FnMut(usize, usize, f32),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        macro_rules! run {
+            ($MR:literal, $NR:literal) => {{
+                let xp: [*const f32; $MR] = std::array::from_fn(|a| xs(a).as_ptr());
+                let wp: [*const f32; $NR] = std::array::from_fn(|b| ws(b).as_ptr());
+                // SAFETY: AVX2+FMA checked via `Isa`; every row slice holds `k` values.
+                let r = unsafe { crate::x86::avx2::tile_f32::<$MR, $NR>(xp, wp, k) };
+                for a in 0..$MR {
+                    for b in 0..$NR {
+                        put(a, b, r[a][b]);
+                    }
+                }
+                return;
+            }};
+        }
+        match (mr, nr) {
+            (1, 1) => run!(1, 1),
+            (1, 2) => run!(1, 2),
+            (1, 3) => run!(1, 3),
+            (1, 4) => run!(1, 4),
+            (1, 8) => run!(1, 8),
+            (2, 1) => run!(2, 1),
+            (2, 2) => run!(2, 2),
+            (2, 3) => run!(2, 3),
+            (2, 4) => run!(2, 4),
+            (3, 1) => run!(3, 1),
+            (3, 2) => run!(3, 2),
+            (3, 3) => run!(3, 3),
+            (3, 4) => run!(3, 4),
+            (4, 1) => run!(4, 1),
+            (4, 2) => run!(4, 2),
+            (4, 3) => run!(4, 3),
+            (4, 4) => run!(4, 4),
+            _ => {}
+        }
+    }
+    let _ = isa;
+    for a in 0..mr {
+        for b in 0..nr {
+            put(a, b, generic::dot_f32(xs(a), ws(b)));
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn q8_range(
+    isa: Isa,
+    plan: &Plan,
+    xq: &QuantizedActs,
+    n: usize,
+    pw: &PackedWeight,
+    bias: Option<&[f32]>,
+    rows: std::ops::Range<usize>,
+    groups: std::ops::Range<usize>,
+    out: OutPtr,
+) {
+    let t = &plan.tile;
+    let gc = (t.nc / GROUP).max(1);
+    let mut put = |row: usize, g: usize, vals: &[f32; 8]| {
+        for (c, &v) in vals.iter().enumerate() {
+            let col = g * GROUP + c;
+            if col < n {
+                let v = v + bias.map_or(0.0, |bs| bs[col]);
+                // SAFETY: (row, col) lies in this unit's disjoint ranges.
+                unsafe { *out.at(row * n + col) = v };
+            }
+        }
+    };
+    let mut g0 = groups.start;
+    while g0 < groups.end {
+        let gcb = gc.min(groups.end - g0);
+        let mut m0 = rows.start;
+        while m0 < rows.end {
+            let mcb = t.mc.max(1).min(rows.end - m0);
+            for g in g0..g0 + gcb {
+                let mut i = 0;
+                while i < mcb {
+                    let mr = t.mr.clamp(1, 4).min(mcb - i);
+                    q8_tile(isa, mr, xq, pw, g, m0 + i, &mut put);
+                    i += mr;
+                }
+            }
+            m0 += mcb;
+        }
+        g0 += gcb;
+    }
+}
+
+fn q8_tile(
+    isa: Isa,
+    mr: usize,
+    xq: &QuantizedActs,
+    pw: &PackedWeight,
+    g: usize,
+    row0: usize,
+    put: &mut dyn FnMut(usize, usize, &[f32; 8]),
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        use crate::x86::avx2_q8::{tile, ActRows};
+        let nb = xq.blocks_per_row;
+        macro_rules! run {
+            ($MR:literal) => {{
+                let rows = ActRows::<$MR> {
+                    qs: std::array::from_fn(|a| xq.qs[(row0 + a) * nb * 32..].as_ptr()),
+                    d: std::array::from_fn(|a| &xq.d[(row0 + a) * nb..(row0 + a + 1) * nb]),
+                    s: std::array::from_fn(|a| &xq.s[(row0 + a) * nb..(row0 + a + 1) * nb]),
+                    qsum: std::array::from_fn(|a| &xq.qsum[(row0 + a) * nb..(row0 + a + 1) * nb]),
+                };
+                let mut r = [[0f32; 8]; $MR];
+                let rec = pw.record(g, 0).as_ptr();
+                // SAFETY: AVX2+FMA+F16C checked via `Isa`; the group has `blocks` records and
+                // each activation row `blocks · 32` quants (QuantizedActs of the same K).
+                unsafe { tile::<$MR>(pw.dtype, rec, pw.blocks, pw.record_bytes, &rows, &mut r) };
+                for (a, v) in r.iter().enumerate() {
+                    put(row0 + a, g, v);
+                }
+                return;
+            }};
+        }
+        match mr {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            _ => {}
+        }
+    }
+    let _ = isa;
+    for a in 0..mr {
+        let mut v = [0f32; 8];
+        generic::packed_group_row(pw, g, xq, row0 + a, &mut v);
+        put(row0 + a, g, &v);
+    }
+}

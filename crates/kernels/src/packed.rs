@@ -1,0 +1,154 @@
+//! Block-quantized weights repacked for the integer-dot path: eight output rows interleaved.
+//!
+//! For every group of 8 weight rows and every 32-wide block of K, one record holds the 8
+//! rows' quants arranged so that one 32-byte load yields 4 consecutive K elements of each
+//! of the 8 rows (byte `4·c + j` = row `c`, element `4·v + j` of the block, for k-group `v`),
+//! followed by the 8 rows' f16 scales (and, for Q4_1, their f16 minimums). A kernel then
+//! produces 8 outputs per vector lane set, one per row, and a block's scale product is one
+//! vector multiply. For 4-bit formats k-groups `v` and `v + 4` share bytes (low and high
+//! nibble). The last group is padded with zero rows. (The idea is ggml's `q4_0_8x8` repack;
+//! this layout and its kernels are our own.)
+//!
+//! Record sizes: Q4_0 144 B, Q4_1 160 B, Q8_0 272 B per 8 rows × 32 elements, the same bytes
+//! per weight as the original formats (plus the padding rows).
+
+use tessera_core::blocks::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use tessera_core::{DType, WeightTensor};
+
+pub const GROUP: usize = 8;
+
+#[derive(Debug, Clone)]
+pub struct PackedWeight {
+    pub dtype: DType,
+    /// Output rows (N) and inputs (K) of the original weight.
+    pub n: usize,
+    pub k: usize,
+    pub groups: usize,
+    pub blocks: usize,
+    pub record_bytes: usize,
+    pub data: Vec<u8>,
+}
+
+/// Record layout offsets.
+pub fn record_layout(dtype: DType) -> Option<(usize, usize, usize)> {
+    // (bytes of quants, offset of d, offset of m)
+    match dtype {
+        DType::Q4_0 => Some((128, 128, 0)),
+        DType::Q4_1 => Some((128, 128, 144)),
+        DType::Q8_0 => Some((256, 256, 0)),
+        _ => None,
+    }
+}
+
+impl PackedWeight {
+    /// Repacks a Q4_0, Q4_1 or Q8_0 weight; `None` for other formats.
+    pub fn pack(w: &WeightTensor) -> Option<Self> {
+        let (qbytes, d_off, m_off) = record_layout(w.dtype)?;
+        let record_bytes = match w.dtype {
+            DType::Q4_1 => 160,
+            _ => qbytes + 16,
+        };
+        let (n, k) = (w.rows(), w.cols());
+        let groups = n.div_ceil(GROUP);
+        let blocks = k / QK;
+        let mut data = vec![0u8; groups * blocks * record_bytes];
+        let mut q = [[0u8; QK]; GROUP];
+        for g in 0..groups {
+            for b in 0..blocks {
+                let rec = &mut data[(g * blocks + b) * record_bytes..][..record_bytes];
+                let mut d = [[0u8; 2]; GROUP];
+                let mut m = [[0u8; 2]; GROUP];
+                for (c, qc) in q.iter_mut().enumerate() {
+                    let row = g * GROUP + c;
+                    qc.fill(0);
+                    if row >= n {
+                        continue;
+                    }
+                    let bytes = w.row(row);
+                    match w.dtype {
+                        DType::Q4_0 => {
+                            let blk = &as_blocks::<BlockQ4_0>(bytes).unwrap()[b];
+                            d[c] = blk.d;
+                            for j in 0..QK / 2 {
+                                qc[j] = blk.qs[j] & 0x0f;
+                                qc[j + QK / 2] = blk.qs[j] >> 4;
+                            }
+                        }
+                        DType::Q4_1 => {
+                            let blk = &as_blocks::<BlockQ4_1>(bytes).unwrap()[b];
+                            d[c] = blk.d;
+                            m[c] = blk.m;
+                            for j in 0..QK / 2 {
+                                qc[j] = blk.qs[j] & 0x0f;
+                                qc[j + QK / 2] = blk.qs[j] >> 4;
+                            }
+                        }
+                        DType::Q8_0 => {
+                            let blk = &as_blocks::<BlockQ8_0>(bytes).unwrap()[b];
+                            d[c] = blk.d;
+                            for j in 0..QK {
+                                qc[j] = blk.qs[j] as u8;
+                            }
+                        }
+                        _ => unreachable!(),
+                    }
+                }
+                match w.dtype {
+                    DType::Q8_0 => {
+                        for v in 0..8 {
+                            for c in 0..GROUP {
+                                for j in 0..4 {
+                                    rec[v * 32 + 4 * c + j] = q[c][4 * v + j];
+                                }
+                            }
+                        }
+                    }
+                    _ => {
+                        for v in 0..4 {
+                            for c in 0..GROUP {
+                                for j in 0..4 {
+                                    rec[v * 32 + 4 * c + j] =
+                                        q[c][4 * v + j] | (q[c][4 * (v + 4) + j] << 4);
+                                }
+                            }
+                        }
+                    }
+                }
+                for c in 0..GROUP {
+                    rec[d_off + 2 * c..d_off + 2 * c + 2].copy_from_slice(&d[c]);
+                    if w.dtype == DType::Q4_1 {
+                        rec[m_off + 2 * c..m_off + 2 * c + 2].copy_from_slice(&m[c]);
+                    }
+                }
+            }
+        }
+        Some(PackedWeight {
+            dtype: w.dtype,
+            n,
+            k,
+            groups,
+            blocks,
+            record_bytes,
+            data,
+        })
+    }
+
+    #[inline]
+    pub fn record(&self, g: usize, b: usize) -> &[u8] {
+        &self.data[(g * self.blocks + b) * self.record_bytes..][..self.record_bytes]
+    }
+
+    /// Quant of row `c` of group `g`, element `e` of block `b` (for the portable kernel).
+    #[inline]
+    pub fn quant(&self, g: usize, b: usize, c: usize, e: usize) -> i32 {
+        let rec = self.record(g, b);
+        let (v, j) = (e / 4, e % 4);
+        match self.dtype {
+            DType::Q8_0 => rec[v * 32 + 4 * c + j] as i8 as i32,
+            _ => {
+                let byte = rec[(v % 4) * 32 + 4 * c + j];
+                (if v < 4 { byte & 0x0f } else { byte >> 4 }) as i32
+            }
+        }
+    }
+}

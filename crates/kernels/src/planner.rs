@@ -1,0 +1,339 @@
+//! Chooses a [`Plan`] for every matrix product from its shapes, dtype and precision.
+//!
+//! Candidates: every register tile of the kernel family (fixed by dtype and precision), cache
+//! blocks `mc`/`nc` from a small ladder, and every parallel split (over N, over M, 2-D grids)
+//! on 1..=units compute units. The cost model ranks them; a tuning cache of measured winners
+//! (keyed by CPU, units, dtype, precision and shape, M rounded up to a power of two) overrides
+//! the model where it has an entry. Choices are memoised, so the forward pays a hash lookup.
+//! The result is deterministic for a given shape, profile and cache.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use tessera_core::DType;
+
+use crate::cost::{predict_us, MachineProfile};
+use crate::plan::{ActFeed, KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision, TilePlan};
+
+/// What a plan is chosen for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ShapeKey {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub dtype: DTypeName,
+    pub precision: PrecisionName,
+    pub units: usize,
+}
+
+/// Serializable names for the key (DType and Precision stay free of serde).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DTypeName(pub u32);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PrecisionName(pub bool);
+
+impl ShapeKey {
+    pub fn new(
+        m: usize,
+        k: usize,
+        n: usize,
+        dtype: DType,
+        precision: Precision,
+        units: usize,
+    ) -> Self {
+        ShapeKey {
+            m,
+            k,
+            n,
+            dtype: DTypeName(dtype.ggml_type()),
+            precision: PrecisionName(precision == Precision::Fast),
+            units,
+        }
+    }
+    pub fn dtype(&self) -> DType {
+        DType::from_ggml_type(self.dtype.0).expect("valid dtype id")
+    }
+    pub fn precision(&self) -> Precision {
+        if self.precision.0 {
+            Precision::Fast
+        } else {
+            Precision::Exact
+        }
+    }
+    /// The tuning bucket: M rounded up to a power of two, at most 1024.
+    pub fn bucket(&self) -> Self {
+        ShapeKey {
+            m: self.m.next_power_of_two().min(1024),
+            ..*self
+        }
+    }
+    /// The key as text, for the tuning cache file.
+    pub fn to_text(&self, cpu: &str) -> String {
+        format!(
+            "{cpu}|t{}|{}|{}|m{}k{}n{}",
+            self.units,
+            self.dtype(),
+            self.precision(),
+            self.m,
+            self.k,
+            self.n
+        )
+    }
+}
+
+/// A measured winner, as stored in the tuning cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TunedPlan {
+    pub mr: usize,
+    pub nr: usize,
+    pub mc: usize,
+    pub nc: usize,
+    pub m_parts: usize,
+    pub n_parts: usize,
+    pub measured_us: f64,
+}
+
+/// The tuning cache file: a measured machine profile and measured winners.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TuningCache {
+    pub profile: Option<MachineProfile>,
+    pub plans: HashMap<String, TunedPlan>,
+}
+
+pub struct Planner {
+    pub profile: MachineProfile,
+    pub cache: TuningCache,
+    memo: Mutex<HashMap<ShapeKey, Plan>>,
+}
+
+/// The CPU's model name (from /proc/cpuinfo), used in tuning keys.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn ladder(max: usize, steps: &[usize]) -> Vec<usize> {
+    let mut v: Vec<usize> = steps.iter().copied().filter(|&s| s < max).collect();
+    v.push(max.max(1));
+    v.dedup();
+    v
+}
+
+impl Planner {
+    pub fn new(profile: MachineProfile, cache: TuningCache) -> Self {
+        Planner {
+            profile,
+            cache,
+            memo: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A planner with the default profile for this CPU and no tuning cache.
+    pub fn untuned() -> Self {
+        Self::new(
+            MachineProfile::default_for(&cpu_model()),
+            TuningCache::default(),
+        )
+    }
+
+    fn tile(
+        family: KernelFamily,
+        dtype: DType,
+        k: usize,
+        mr: usize,
+        nr: usize,
+        mc: usize,
+        nc: usize,
+    ) -> TilePlan {
+        TilePlan {
+            family,
+            mr,
+            nr,
+            mc,
+            nc,
+            kc: k,
+            pack_a: family == KernelFamily::Q8Interleaved,
+            pack_b: family == KernelFamily::Q8Interleaved || dtype != DType::F32,
+            split_k: 1,
+            row_block: dtype.block_len(),
+            act_feed: if family == KernelFamily::Q8Interleaved {
+                ActFeed::Q8
+            } else {
+                ActFeed::F32
+            },
+        }
+    }
+
+    /// Every candidate plan for a shape, ranked by predicted time (fastest first; ties
+    /// broken by the candidate's order, so the ranking is deterministic).
+    pub fn candidates(&self, key: &ShapeKey) -> Vec<Plan> {
+        let (m, k, n, dtype) = (key.m, key.k, key.n, key.dtype());
+        let family = KernelFamily::for_weight(dtype, key.precision());
+        let mut out = vec![];
+        let mcs = ladder(m, &[4, 8, 16, 32, 64, 128, 256]);
+        let ncs: Vec<usize> = match family {
+            KernelFamily::F32Dot => ladder(n.div_ceil(8) * 8, &[8, 16, 32, 64, 128, 256])
+                .into_iter()
+                .filter(|&nc| nc * k * 4 <= self.profile.l2_bytes * 2 || nc <= 8)
+                .collect(),
+            KernelFamily::Q8Interleaved => {
+                ladder(n.div_ceil(8) * 8, &[8, 16, 32, 64, 128, 256, 512])
+            }
+        };
+        let mut splits = vec![];
+        for u in 1..=key.units.max(1) {
+            splits.push(ParallelPlan {
+                split: ParallelSplit::N,
+                units: u,
+            });
+            if u > 1 && m >= u {
+                splits.push(ParallelPlan {
+                    split: ParallelSplit::M,
+                    units: u,
+                });
+            }
+            for mp in 2..u {
+                if u % mp == 0 && m >= mp && u / mp > 1 {
+                    splits.push(ParallelPlan {
+                        split: ParallelSplit::Grid {
+                            m_parts: mp,
+                            n_parts: u / mp,
+                        },
+                        units: u,
+                    });
+                }
+            }
+        }
+        for &(mr, nr) in family.tiles() {
+            if mr > 1 && mr > m {
+                continue;
+            }
+            for &mc in &mcs {
+                if mc < mr {
+                    continue;
+                }
+                for &nc in &ncs {
+                    if nc < nr {
+                        continue;
+                    }
+                    for par in &splits {
+                        let tile = Self::tile(family, dtype, k, mr, nr, mc, nc);
+                        let mut plan = Plan {
+                            tile,
+                            parallel: *par,
+                            predicted_us: 0.0,
+                        };
+                        plan.predicted_us = predict_us(&self.profile, &plan, m, k, n, dtype);
+                        out.push(plan);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.predicted_us.total_cmp(&b.predicted_us));
+        out
+    }
+
+    /// A plan from a tuning-cache record.
+    pub fn from_tuned(&self, key: &ShapeKey, t: &TunedPlan) -> Plan {
+        let dtype = key.dtype();
+        let family = KernelFamily::for_weight(dtype, key.precision());
+        let split = match (t.m_parts, t.n_parts) {
+            (1, n) => ParallelSplit::N.with_units(n),
+            (mp, 1) => ParallelSplit::M.with_units(mp),
+            (mp, np) => ParallelPlan {
+                split: ParallelSplit::Grid {
+                    m_parts: mp,
+                    n_parts: np,
+                },
+                units: mp * np,
+            },
+        };
+        Plan {
+            tile: Self::tile(family, dtype, key.k, t.mr, t.nr, t.mc, t.nc),
+            parallel: split,
+            predicted_us: t.measured_us,
+        }
+    }
+
+    /// The plan for a shape: tuned if the cache has its bucket, else the model's best.
+    pub fn plan(&self, key: &ShapeKey) -> Plan {
+        if let Some(p) = self.memo.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return *p;
+        }
+        let tuned = self
+            .cache
+            .plans
+            .get(&key.bucket().to_text(&self.profile.cpu))
+            .map(|t| self.from_tuned(key, t));
+        let plan = tuned.unwrap_or_else(|| self.candidates(key)[0]);
+        self.memo
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(*key, plan);
+        plan
+    }
+}
+
+impl ParallelSplit {
+    fn with_units(self, units: usize) -> ParallelPlan {
+        ParallelPlan { split: self, units }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_are_deterministic_and_ranked() {
+        let p = Planner::untuned();
+        for &(m, k, n) in &[
+            (1, 576, 1536),
+            (7, 1536, 576),
+            (512, 576, 49152),
+            (3, 64, 8),
+        ] {
+            for dtype in [DType::F32, DType::Q4_1, DType::Q8_0] {
+                for precision in [Precision::Exact, Precision::Fast] {
+                    let key = ShapeKey::new(m, k, n, dtype, precision, 2);
+                    let a = p.candidates(&key);
+                    let b = Planner::untuned().candidates(&key);
+                    assert_eq!(a, b);
+                    assert!(a.windows(2).all(|w| w[0].predicted_us <= w[1].predicted_us));
+                    assert_eq!(p.plan(&key), a[0]);
+                    assert_eq!(a[0].tile.family, KernelFamily::for_weight(dtype, precision));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tuned_entries_override_the_model() {
+        let mut cache = TuningCache::default();
+        let key = ShapeKey::new(3, 576, 1536, DType::Q4_1, Precision::Fast, 2);
+        let t = TunedPlan {
+            mr: 2,
+            nr: 8,
+            mc: 16,
+            nc: 64,
+            m_parts: 1,
+            n_parts: 2,
+            measured_us: 12.5,
+        };
+        let cpu = cpu_model();
+        cache.plans.insert(key.bucket().to_text(&cpu), t.clone());
+        let p = Planner::new(MachineProfile::default_for(&cpu), cache);
+        let plan = p.plan(&key);
+        assert_eq!(
+            (plan.tile.mr, plan.tile.nc, plan.parallel.parts()),
+            (2, 64, (1, 2))
+        );
+    }
+}

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use tessera_engine::engine::default_threads;
 use tessera_engine::generate::{generate, GenerateRequest};
 use tessera_engine::{store, Engine, SamplingParams};
+use tessera_kernels::plan::Precision;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_tokenizer::ChatMessage;
 
@@ -27,6 +28,11 @@ struct ModelArgs {
     /// Compute threads (default: all available cores).
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// Arithmetic: `exact` (weights dequantized to f32, f32 activations) or `fast`
+    /// (8-bit quantized activations meet block-quantized weights in integer dot products).
+    /// Default: exact for `logits`, fast elsewhere.
+    #[arg(long, global = true)]
+    precision: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -96,26 +102,33 @@ enum Command {
     Pull,
 }
 
-fn load(args: &ModelArgs) -> Result<Engine> {
+fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
+    let precision = match args.precision.as_deref() {
+        None => default_precision,
+        Some(s) => Precision::parse(s)
+            .with_context(|| format!("--precision {s:?}: expected exact or fast"))?,
+    };
     let path = store::resolve_model(args.model.as_deref())?;
     let threads = args.threads.unwrap_or_else(default_threads);
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
-    let engine =
-        Engine::load(&path, threads).with_context(|| format!("loading {}", path.display()))?;
+    let planner = tessera_engine::tuning::load_planner();
+    let engine = Engine::load_with(&path, threads, precision, planner)
+        .with_context(|| format!("loading {}", path.display()))?;
     eprintln!(
-        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads [{}]",
+        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads [{}, {precision}, {}]",
         engine.name,
         engine.weight_bytes as f64 / 1e6,
         engine.load_secs,
-        tessera_kernels_isa()
+        tessera_engine::isa_name(),
+        if engine.planner.cache.plans.is_empty() {
+            "cost model"
+        } else {
+            "tuned"
+        }
     );
     Ok(engine)
-}
-
-fn tessera_kernels_isa() -> &'static str {
-    tessera_engine::isa_name()
 }
 
 fn main() {
@@ -136,7 +149,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", p.display());
         }
         Command::Tokenize { text, model } => {
-            let engine = load(&model)?;
+            let engine = load(&model, Precision::Exact)?;
             let ids = engine.tokenizer.encode(&text)?;
             println!("{}", serde_json::to_string(&ids)?);
         }
@@ -145,7 +158,7 @@ fn run(cli: Cli) -> Result<()> {
             top_k,
             model,
         } => {
-            let engine = load(&model)?;
+            let engine = load(&model, Precision::Exact)?;
             let seq = SeqChunk {
                 tokens: tokens.clone(),
                 start_pos: 0,
@@ -175,7 +188,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Perplexity { file, ctx, model } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let engine = load(&model)?;
+            let engine = load(&model, Precision::Fast)?;
             let tokens = engine.tokenizer.encode(&text)?;
             eprintln!("{} tokens, chunks of {ctx}", tokens.len());
             let report =
@@ -205,7 +218,7 @@ fn run(cli: Cli) -> Result<()> {
             ignore_eos,
             model,
         } => {
-            let engine = load(&model)?;
+            let engine = load(&model, Precision::Fast)?;
             let text = if chat {
                 engine
                     .tokenizer

@@ -4,6 +4,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use tessera_core::Result;
+use tessera_kernels::plan::Precision;
+use tessera_kernels::planner::Planner;
 use tessera_model::{ExecCtx, LlamaModel};
 use tessera_runtime::ThreadPool;
 use tessera_tokenizer::Tokenizer;
@@ -13,6 +15,8 @@ pub struct Engine {
     pub model: LlamaModel,
     pub tokenizer: Tokenizer,
     pub pool: ThreadPool,
+    pub planner: Planner,
+    pub precision: Precision,
     /// Bytes of the weights as stored (mapped, not copied).
     pub weight_bytes: usize,
     pub load_secs: f64,
@@ -26,23 +30,44 @@ pub fn default_threads() -> usize {
 }
 
 impl Engine {
-    /// Loads a GGUF file or Hugging Face folder onto `threads` compute units.
+    /// Loads a GGUF file or Hugging Face folder onto `threads` compute units, exact path.
     pub fn load(path: &Path, threads: usize) -> Result<Self> {
+        Self::load_with(
+            path,
+            threads,
+            Precision::Exact,
+            crate::tuning::load_planner(),
+        )
+    }
+
+    /// Loads with a precision and a planner (tuned or not).
+    pub fn load_with(
+        path: &Path,
+        threads: usize,
+        precision: Precision,
+        planner: Planner,
+    ) -> Result<Self> {
         let t0 = Instant::now();
         let files = tessera_formats::load_model(path)?;
         let tokenizer = Tokenizer::from_spec(&files.tokenizer)?;
-        let model = LlamaModel::new(&files)?;
+        let model = LlamaModel::new(&files, precision)?;
         Ok(Engine {
             name: files.name.clone(),
             weight_bytes: files.weight_bytes(),
             model,
             tokenizer,
             pool: ThreadPool::new(threads),
+            planner,
+            precision,
             load_secs: t0.elapsed().as_secs_f64(),
         })
     }
 
     pub fn ctx(&self) -> ExecCtx<'_> {
-        ExecCtx { pool: &self.pool }
+        ExecCtx {
+            pool: &self.pool,
+            planner: &self.planner,
+            precision: self.precision,
+        }
     }
 }

@@ -92,7 +92,7 @@ pub fn execute(
                 .packed
                 .as_ref()
                 .expect("Q8Interleaved plan needs a repacked weight");
-            let xq = QuantizedActs::quantize(x, m, k);
+            let xq = QuantizedActs::quantize_parallel(pool, x, m, k);
             pool.run(|u| {
                 if u >= units {
                     return;
@@ -196,11 +196,11 @@ fn f32_tile<'a>(
             }};
         }
         match (mr, nr) {
+            (1, 8) => run!(1, 8),
             (1, 1) => run!(1, 1),
             (1, 2) => run!(1, 2),
             (1, 3) => run!(1, 3),
             (1, 4) => run!(1, 4),
-            (1, 8) => run!(1, 8),
             (2, 1) => run!(2, 1),
             (2, 2) => run!(2, 2),
             (2, 3) => run!(2, 3),
@@ -213,7 +213,21 @@ fn f32_tile<'a>(
             (4, 2) => run!(4, 2),
             (4, 3) => run!(4, 3),
             (4, 4) => run!(4, 4),
-            _ => {}
+            _ => {
+                // Edge tiles of wide register tiles: cover them with ≤ 4-wide tiles. Every
+                // tile shape computes each element identically, so this changes no result.
+                assert!(mr <= 4, "register tiles have at most 4 activation rows");
+                let mut b0 = 0;
+                while b0 < nr {
+                    let nb = (nr - b0).min(4);
+                    let shifted = |b: usize| ws(b0 + b);
+                    f32_tile(isa, mr, nb, xs, &shifted, k, &mut |a, b, v| {
+                        put(a, b0 + b, v)
+                    });
+                    b0 += nb;
+                }
+                return;
+            }
         }
     }
     let _ = isa;

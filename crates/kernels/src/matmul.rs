@@ -1,140 +1,52 @@
-//! `y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n])`: f32 activations against weights in any
-//! stored format, exact path (weights dequantized to their reference f32 values).
+//! The entry point the model uses: plan a product from its shapes, then run the plan.
 //!
-//! Parallel over N: each compute unit owns a contiguous, 4-aligned range of weight rows, so
-//! every weight byte is read once per call whatever M is. Within a unit, groups of four
-//! weight rows are dequantized into a small scratch buffer and dotted with every activation
-//! row, sharing each activation load across the four rows.
+//! `y[m, n] = Σ_k x[m, k] · W[n, k] (+ bias[n])` for f32 activations against a weight in any
+//! stored format. See [`crate::plan`] for what a plan decides and [`crate::gemm`] for how it
+//! is executed.
 
-use std::cell::RefCell;
+use tessera_runtime::ThreadPool;
 
-use tessera_core::WeightTensor;
-use tessera_runtime::{split_range_aligned, ThreadPool};
+use crate::gemm::{execute, GemmWeight};
+use crate::plan::Precision;
+use crate::planner::{Planner, ShapeKey};
 
-use crate::generic;
-use crate::isa::Isa;
-
-/// Weight rows handled together.
-const ROW_GROUP: usize = 4;
-
-/// A raw output pointer shared by units that write disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: units write disjoint (row, column) elements; `matmul` joins them before returning.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// Whole-struct access, so closures capture the `Sync` wrapper, not the raw field.
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
-thread_local! {
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Computes `out = x · Wᵀ (+ bias)` with `x: [m, k]`, `W: [n, k]`, `out: [m, n]`.
+/// Plans and computes `out = x · Wᵀ (+ bias)` with `x: [m, k]`, `W: [n, k]`, `out: [m, n]`.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     pool: &ThreadPool,
+    planner: &Planner,
+    precision: Precision,
     x: &[f32],
     m: usize,
-    w: &WeightTensor,
+    w: &GemmWeight,
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let (n, k) = (w.rows(), w.cols());
-    assert_eq!(x.len(), m * k, "matmul: x is not [m, k]");
-    assert_eq!(out.len(), m * n, "matmul: out is not [m, n]");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), n, "matmul: bias is not [n]");
-    }
-    let isa = Isa::active();
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    let units = pool.units().min(n.div_ceil(ROW_GROUP)).max(1);
-    pool.run(|unit| {
-        if unit >= units {
-            return;
-        }
-        let rows = split_range_aligned(n, units, unit, ROW_GROUP);
-        SCRATCH.with(|s| {
-            let mut s = s.borrow_mut();
-            if s.len() < ROW_GROUP * k {
-                s.resize(ROW_GROUP * k, 0.0);
-            }
-            let mut n0 = rows.start;
-            while n0 < rows.end {
-                let g = (rows.end - n0).min(ROW_GROUP);
-                for r in 0..g {
-                    dequantize(isa, w, n0 + r, &mut s[r * k..(r + 1) * k]);
-                }
-                for mi in 0..m {
-                    let xr = &x[mi * k..(mi + 1) * k];
-                    let mut y = [0f32; ROW_GROUP];
-                    dot_group(isa, xr, &s[..g * k], k, &mut y[..g]);
-                    for r in 0..g {
-                        let v = y[r] + bias.map_or(0.0, |b| b[n0 + r]);
-                        // SAFETY: (mi, n0 + r) lies in this unit's disjoint column range
-                        // and inside `out` (checked above).
-                        unsafe { *out_ptr.at(mi * n + n0 + r) = v };
-                    }
-                }
-                n0 += g;
-            }
-        });
-    });
+    // The fast path needs the repacked weight; without it the exact family runs.
+    let precision = if w.packed.is_some() {
+        precision
+    } else {
+        Precision::Exact
+    };
+    let key = ShapeKey::new(m, w.k(), w.n(), w.tensor.dtype, precision, pool.units());
+    let plan = planner.plan(&key);
+    execute(pool, &plan, x, m, w, bias, out)
 }
 
-fn dequantize(isa: Isa, w: &WeightTensor, row: usize, out: &mut [f32]) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: Avx2Fma is only active when the CPU has AVX2, FMA and F16C; the row holds
-        // exactly `out.len()` elements (WeightTensor checks its byte length).
-        Isa::Avx2Fma => unsafe { crate::x86::avx2::dequantize(w.dtype, w.row(row), out) },
-        _ => generic::dequantize(w.dtype, w.row(row), out),
-    }
-}
-
-/// Dots `x` with each of the `y.len()` rows of `rows` (each `k` long).
-fn dot_group(isa: Isa, x: &[f32], rows: &[f32], k: usize, y: &mut [f32]) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => {
-            if y.len() == 4 {
-                let p = |r: usize| rows[r * k..].as_ptr();
-                // SAFETY: AVX2+FMA checked by `Isa`; each row slice holds `k` values.
-                let v =
-                    unsafe { crate::x86::avx2::dot4_f32(x.as_ptr(), [p(0), p(1), p(2), p(3)], k) };
-                y.copy_from_slice(&v);
-            } else {
-                for (r, yr) in y.iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    *yr =
-                        unsafe { crate::x86::avx2::dot_f32(x.as_ptr(), rows[r * k..].as_ptr(), k) };
-                }
-            }
-        }
-        _ => {
-            for (r, yr) in y.iter_mut().enumerate() {
-                *yr = generic::dot_f32(x, &rows[r * k..(r + 1) * k]);
-            }
-        }
-    }
-}
-
-/// Naive f64 reference: dequantize with the reference definition, accumulate in f64.
-pub fn matmul_reference(x: &[f32], m: usize, w: &WeightTensor, bias: Option<&[f32]>) -> Vec<f64> {
+/// Naive f64 reference: weights dequantized by the reference definition, f64 accumulation.
+pub fn matmul_reference(
+    x: &[f32],
+    m: usize,
+    w: &tessera_core::WeightTensor,
+    bias: Option<&[f32]>,
+) -> Vec<f64> {
     let (n, k) = (w.rows(), w.cols());
     let mut wr = vec![0f32; k];
     let mut out = vec![0f64; m * n];
     for j in 0..n {
         w.dequantize_row(j, &mut wr);
         for i in 0..m {
-            let mut s = 0f64;
-            for t in 0..k {
-                s += x[i * k + t] as f64 * wr[t] as f64;
-            }
+            let s: f64 = (0..k).map(|t| x[i * k + t] as f64 * wr[t] as f64).sum();
             out[i * n + j] = s + bias.map_or(0.0, |b| b[j] as f64);
         }
     }
@@ -144,10 +56,12 @@ pub fn matmul_reference(x: &[f32], m: usize, w: &WeightTensor, bias: Option<&[f3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::{KernelFamily, Plan};
+    use crate::quant_acts::QuantizedActs;
     use proptest::prelude::*;
     use rand::{Rng, SeedableRng};
     use tessera_core::tensor::quantize_row;
-    use tessera_core::{DType, TensorBytes};
+    use tessera_core::{DType, TensorBytes, WeightTensor};
 
     const DTYPES: [DType; 6] = [
         DType::F32,
@@ -158,7 +72,7 @@ mod tests {
         DType::Q4_1,
     ];
 
-    fn random_weight(dtype: DType, n: usize, k: usize, seed: u64) -> WeightTensor {
+    fn random_weight(dtype: DType, n: usize, k: usize, seed: u64) -> GemmWeight {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let bytes: Vec<u8> = (0..n)
             .flat_map(|_| {
@@ -166,7 +80,8 @@ mod tests {
                 quantize_row(dtype, &row)
             })
             .collect();
-        WeightTensor::new("w", dtype, vec![n, k], TensorBytes::owned(&bytes)).unwrap()
+        let t = WeightTensor::new("w", dtype, vec![n, k], TensorBytes::owned(&bytes)).unwrap();
+        GemmWeight::new(t, true)
     }
 
     fn random_x(m: usize, k: usize, seed: u64) -> Vec<f32> {
@@ -174,7 +89,7 @@ mod tests {
         (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect()
     }
 
-    /// K values: 1 block, primes of blocks, non-multiples of 8 lanes for plain floats.
+    /// K: whole blocks for quantized formats, awkward (non-multiples of 8) for floats.
     fn k_for(dtype: DType, units: usize) -> usize {
         if dtype.is_quantized() {
             units * 32
@@ -183,57 +98,126 @@ mod tests {
         }
     }
 
+    /// What the fast path computes exactly: the activations as their 8-bit quantization.
+    fn dequantized_acts(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+        let q = QuantizedActs::quantize(x, m, k);
+        (0..m * k).map(|i| q.qs[i] as f32 * q.d[i / 32]).collect()
+    }
+
+    fn run(
+        plan: &Plan,
+        pool: &ThreadPool,
+        x: &[f32],
+        m: usize,
+        w: &GemmWeight,
+        bias: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let mut out = vec![f32::NAN; m * w.n()];
+        execute(pool, plan, x, m, w, bias, &mut out);
+        out
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
+        #![proptest_config(ProptestConfig::with_cases(40))]
+        /// Every candidate plan of both precisions against the f64 reference; and every plan
+        /// of a family gives bitwise the same result as the first (serial-equivalent) one.
         #[test]
-        fn matches_f64_reference(m in 1usize..10, n in 1usize..23, kb in 1usize..12, d in 0usize..6, threads in 1usize..4) {
+        fn every_plan_matches_reference_and_each_other(m in 1usize..12, n in 1usize..30, kb in 1usize..10, d in 0usize..6, units in 1usize..4) {
             let dtype = DTYPES[d];
             let k = k_for(dtype, kb);
-            let w = random_weight(dtype, n, k, 7);
-            let x = random_x(m, k, 11);
+            let w = random_weight(dtype, n, k, (n * 31 + k) as u64);
+            let x = random_x(m, k, (m * 7 + d) as u64);
             let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.1).collect();
-            let pool = ThreadPool::new(threads);
-            let mut out = vec![0f32; m * n];
-            matmul(&pool, &x, m, &w, Some(&bias), &mut out);
-            let r = matmul_reference(&x, m, &w, Some(&bias));
-            for (a, b) in out.iter().zip(&r) {
-                // f32 accumulation of k products of magnitude <= 2.
-                let tol = 1e-5 * (k as f64) * 2.0 + 1e-5;
-                prop_assert!((*a as f64 - b).abs() <= tol, "{dtype} m={m} n={n} k={k}: {a} vs {b}");
+            let pool = ThreadPool::new(units);
+            let planner = Planner::untuned();
+            for precision in [Precision::Exact, Precision::Fast] {
+                let key = ShapeKey::new(m, k, n, dtype, precision, units);
+                let plans = planner.candidates(&key);
+                let fam = plans[0].tile.family;
+                let xr = if fam == KernelFamily::Q8Interleaved { dequantized_acts(&x, m, k) } else { x.clone() };
+                let reference = matmul_reference(&xr, m, &w.tensor, Some(&bias));
+                let first = run(&plans[0], &pool, &x, m, &w, Some(&bias));
+                for (a, b) in first.iter().zip(&reference) {
+                    let tol = 2e-5 * (k as f64) * 2.0 + 1e-4;
+                    prop_assert!((*a as f64 - b).abs() <= tol, "{dtype} {precision} m={m} n={n} k={k}: {a} vs {b}");
+                }
+                // A deterministic sample of the other plans (all tiles, blocks and splits).
+                for p in plans.iter().step_by((plans.len() / 25).max(1)) {
+                    let other = run(p, &pool, &x, m, &w, Some(&bias));
+                    prop_assert_eq!(&other, &first, "plan {} differs", p);
+                }
             }
         }
 
+        /// A row's result is bitwise the same at M = 1 and inside a larger batch.
         #[test]
-        fn rows_are_batch_invariant(m in 2usize..20, n in 1usize..40, kb in 1usize..9, d in 0usize..6, threads in 1usize..4, pick in 0usize..1000) {
+        fn rows_are_batch_invariant(m in 2usize..24, n in 1usize..40, kb in 1usize..9, d in 0usize..6, pick in 0usize..1000) {
             let dtype = DTYPES[d];
             let k = k_for(dtype, kb);
             let w = random_weight(dtype, n, k, 3);
             let x = random_x(m, k, pick as u64);
             let row = pick % m;
-            let pool = ThreadPool::new(threads);
-            let mut all = vec![0f32; m * n];
-            matmul(&pool, &x, m, &w, None, &mut all);
-            let single_pool = ThreadPool::new(1);
-            let mut one = vec![0f32; n];
-            matmul(&single_pool, &x[row * k..(row + 1) * k], 1, &w, None, &mut one);
-            prop_assert_eq!(&all[row * n..(row + 1) * n], &one[..]);
+            let pool = ThreadPool::new(2);
+            let planner = Planner::untuned();
+            for precision in [Precision::Exact, Precision::Fast] {
+                let mut all = vec![0f32; m * n];
+                matmul(&pool, &planner, precision, &x, m, &w, None, &mut all);
+                let mut one = vec![0f32; n];
+                matmul(&pool, &planner, precision, &x[row * k..(row + 1) * k], 1, &w, None, &mut one);
+                prop_assert_eq!(&all[row * n..(row + 1) * n], &one[..]);
+            }
         }
     }
 
     #[test]
-    fn avx2_dequantize_is_bitwise_reference() {
-        if Isa::active() != Isa::Avx2Fma {
+    fn avx2_kernels_agree_with_portable_twins() {
+        // The generic kernels are the reference for the SIMD ones (same order, FMA aside).
+        if crate::Isa::active() != crate::Isa::Avx2Fma {
             return;
         }
         for dtype in DTYPES {
-            for k in [32usize, 64, 96, 320] {
-                let w = random_weight(dtype, 3, k, k as u64);
-                for r in 0..3 {
-                    let mut a = vec![0f32; k];
-                    let mut b = vec![0f32; k];
-                    dequantize(Isa::Avx2Fma, &w, r, &mut a);
-                    generic::dequantize(dtype, w.row(r), &mut b);
-                    assert_eq!(a, b, "{dtype} k={k}");
+            for (m, n, kb) in [(1, 1, 1), (3, 9, 3), (5, 17, 7)] {
+                let k = k_for(dtype, kb);
+                let w = random_weight(dtype, n, k, 5);
+                let x = random_x(m, k, 6);
+                let planner = Planner::untuned();
+                let pool = ThreadPool::new(1);
+                let key = ShapeKey::new(m, k, n, dtype, Precision::Fast, 1);
+                let plan = planner.candidates(&key)[0];
+                let simd = run(&plan, &pool, &x, m, &w, None);
+                let mut portable = vec![0f32; m * n];
+                match plan.tile.family {
+                    KernelFamily::F32Dot => {
+                        let mut wr = vec![0f32; k];
+                        for j in 0..n {
+                            w.tensor.dequantize_row(j, &mut wr);
+                            for i in 0..m {
+                                portable[i * n + j] =
+                                    crate::generic::dot_f32(&x[i * k..(i + 1) * k], &wr);
+                            }
+                        }
+                    }
+                    KernelFamily::Q8Interleaved => {
+                        let q = QuantizedActs::quantize(&x, m, k);
+                        let pw = w.packed.as_ref().unwrap();
+                        for i in 0..m {
+                            for g in 0..pw.groups {
+                                let mut v = [0f32; 8];
+                                crate::generic::packed_group_row(pw, g, &q, i, &mut v);
+                                for c in 0..8 {
+                                    if g * 8 + c < n {
+                                        portable[i * n + g * 8 + c] = v[c];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                for (a, b) in simd.iter().zip(&portable) {
+                    assert!(
+                        (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                        "{dtype}: {a} vs {b}"
+                    );
                 }
             }
         }

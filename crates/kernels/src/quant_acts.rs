@@ -5,6 +5,36 @@
 //! Q4_1's minimum). Quantization is row-local, so a row's quants do not depend on the batch.
 
 use tessera_core::blocks::QK;
+use tessera_runtime::{split_range, ThreadPool};
+
+#[derive(Clone, Copy)]
+struct Ptr<T>(*mut T);
+// SAFETY: used only to hand disjoint ranges of one buffer to different units.
+unsafe impl<T> Send for Ptr<T> {}
+unsafe impl<T> Sync for Ptr<T> {}
+impl<T> Ptr<T> {
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Quantizes every block of `x` (outputs are indexed from the first block of `x`).
+fn quantize_blocks(x: &[f32], d: &mut [f32], s: &mut [f32], qsum: &mut [i32], qs: &mut [i8]) {
+    for b in 0..x.len() / QK {
+        let xb = &x[b * QK..(b + 1) * QK];
+        let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let db = amax / 127.0;
+        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qs[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
+            *q = (v * id).round() as i8;
+            sum += *q as i32;
+        }
+        d[b] = db;
+        qsum[b] = sum;
+        s[b] = db * sum as f32;
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct QuantizedActs {
@@ -19,6 +49,44 @@ pub struct QuantizedActs {
 impl QuantizedActs {
     /// Quantizes `m` rows of `k` values (`k` a multiple of 32).
     pub fn quantize(x: &[f32], m: usize, k: usize) -> Self {
+        let mut out = Self::zeroed(x, m, k);
+        quantize_blocks(x, &mut out.d, &mut out.s, &mut out.qsum, &mut out.qs);
+        out
+    }
+
+    /// As [`Self::quantize`], rows split over the pool's units (results are identical).
+    pub fn quantize_parallel(pool: &ThreadPool, x: &[f32], m: usize, k: usize) -> Self {
+        let mut out = Self::zeroed(x, m, k);
+        let nb = out.blocks_per_row;
+        if m < 2 * pool.units() {
+            quantize_blocks(x, &mut out.d, &mut out.s, &mut out.qsum, &mut out.qs);
+            return out;
+        }
+        let d = Ptr(out.d.as_mut_ptr());
+        let s = Ptr(out.s.as_mut_ptr());
+        let qsum = Ptr(out.qsum.as_mut_ptr());
+        let qs = Ptr(out.qs.as_mut_ptr());
+        let units = pool.units();
+        pool.run(|u| {
+            let rows = split_range(m, units, u);
+            let (b0, b1) = (rows.start * nb, rows.end * nb);
+            let n = b1 - b0;
+            // SAFETY: units own disjoint block ranges [b0, b1) of every output vector, which
+            // outlive the parallel operation.
+            unsafe {
+                quantize_blocks(
+                    &x[b0 * QK..b1 * QK],
+                    std::slice::from_raw_parts_mut(d.get().add(b0), n),
+                    std::slice::from_raw_parts_mut(s.get().add(b0), n),
+                    std::slice::from_raw_parts_mut(qsum.get().add(b0), n),
+                    std::slice::from_raw_parts_mut(qs.get().add(b0 * QK), n * QK),
+                )
+            }
+        });
+        out
+    }
+
+    fn zeroed(x: &[f32], m: usize, k: usize) -> Self {
         assert_eq!(
             k % QK,
             0,
@@ -26,28 +94,14 @@ impl QuantizedActs {
         );
         assert_eq!(x.len(), m * k);
         let nb = k / QK;
-        let mut out = QuantizedActs {
+        QuantizedActs {
             rows: m,
             blocks_per_row: nb,
             d: vec![0.0; m * nb],
             s: vec![0.0; m * nb],
             qsum: vec![0; m * nb],
             qs: vec![0; m * k],
-        };
-        for (b, xb) in x.chunks_exact(QK).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in out.qs[b * QK..(b + 1) * QK].iter_mut().zip(xb) {
-                *q = (v * id).round() as i8;
-                sum += *q as i32;
-            }
-            out.d[b] = d;
-            out.qsum[b] = sum;
-            out.s[b] = d * sum as f32;
         }
-        out
     }
 
     /// Quants of row `r`, block `b`.

@@ -5,6 +5,7 @@
 use tessera_core::{Error, Result, WeightTensor};
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::ops;
+use tessera_kernels::plan::Precision;
 use tessera_runtime::split_range;
 
 use crate::attention::{attention, AttnShape};
@@ -46,10 +47,16 @@ fn vector(files: &ModelFiles, name: &str, len: usize) -> Result<Vec<f32>> {
     Ok(t.to_f32_vec())
 }
 
-fn linear(files: &ModelFiles, name: &str, out: usize, inp: usize) -> Result<Box<dyn Linear>> {
+fn linear(
+    files: &ModelFiles,
+    name: &str,
+    out: usize,
+    inp: usize,
+    repack: bool,
+) -> Result<Box<dyn Linear>> {
     let w = files.tensor(&format!("{name}.weight"))?.clone();
     let bias = files.tensors.get(&format!("{name}.bias"));
-    Ok(Box::new(DenseLinear::new(w, bias, out, inp)?))
+    Ok(Box::new(DenseLinear::new(w, bias, out, inp, repack)?))
 }
 
 /// A raw pointer for parallel row-wise writes into disjoint rows.
@@ -68,7 +75,10 @@ impl RowsPtr {
 
 impl LlamaModel {
     /// Builds the model from loaded files, checking every tensor's presence and shape.
-    pub fn new(files: &ModelFiles) -> Result<Self> {
+    /// With `Precision::Fast`, block-quantized weights are also repacked for the
+    /// integer-dot kernels (once, here).
+    pub fn new(files: &ModelFiles, precision: Precision) -> Result<Self> {
+        let rp = precision == Precision::Fast;
         let c = files.config.clone();
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let embed = files.tensor("token_embd.weight")?.clone();
@@ -85,20 +95,20 @@ impl LlamaModel {
             layers.push(Layer {
                 attn_norm: vector(files, &p("attn_norm.weight"), h)?,
                 ffn_norm: vector(files, &p("ffn_norm.weight"), h)?,
-                q: linear(files, &p("attn_q"), q, h)?,
-                k: linear(files, &p("attn_k"), kv, h)?,
-                v: linear(files, &p("attn_v"), kv, h)?,
-                o: linear(files, &p("attn_output"), h, q)?,
-                gate: linear(files, &p("ffn_gate"), ff, h)?,
-                up: linear(files, &p("ffn_up"), ff, h)?,
-                down: linear(files, &p("ffn_down"), h, ff)?,
+                q: linear(files, &p("attn_q"), q, h, rp)?,
+                k: linear(files, &p("attn_k"), kv, h, rp)?,
+                v: linear(files, &p("attn_v"), kv, h, rp)?,
+                o: linear(files, &p("attn_output"), h, q, rp)?,
+                gate: linear(files, &p("ffn_gate"), ff, h, rp)?,
+                up: linear(files, &p("ffn_up"), ff, h, rp)?,
+                down: linear(files, &p("ffn_down"), h, ff, rp)?,
             });
         }
         let output: Box<dyn Linear> =
             if files.tensors.contains_key("output.weight") && !c.tie_embeddings {
-                linear(files, "output", c.vocab_size, h)?
+                linear(files, "output", c.vocab_size, h, rp)?
             } else {
-                Box::new(DenseLinear::new(embed.clone(), None, c.vocab_size, h)?)
+                Box::new(DenseLinear::new(embed.clone(), None, c.vocab_size, h, rp)?)
             };
         Ok(LlamaModel {
             rope: Rope::new(&c),

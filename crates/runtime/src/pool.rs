@@ -47,9 +47,15 @@ thread_local! {
 const SPIN_LIMIT: u32 = 1 << 14;
 
 impl ThreadPool {
-    /// A pool of `units` compute units (the caller plus `units - 1` workers).
+    /// A pool of `units` compute units (the caller plus `units - 1` workers). Workers are
+    /// pinned to distinct CPUs of the process's affinity set when there are enough of them
+    /// (Linux; `TESSERA_PIN=0` disables), unit `u` on the `u`-th allowed CPU, so unit 0's
+    /// CPU stays free for the calling thread.
     pub fn new(units: usize) -> Self {
         let units = units.max(1);
+        let pin_targets = allowed_cpus().filter(|c| {
+            c.len() >= units && units > 1 && std::env::var("TESSERA_PIN").as_deref() != Ok("0")
+        });
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -61,9 +67,15 @@ impl ThreadPool {
         let workers = (1..units)
             .map(|unit| {
                 let shared = shared.clone();
+                let cpu = pin_targets.as_ref().map(|cpus| cpus[unit % cpus.len()]);
                 std::thread::Builder::new()
                     .name(format!("tessera-unit-{unit}"))
-                    .spawn(move || worker_loop(&shared, unit))
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            pin_current_thread(cpu);
+                        }
+                        worker_loop(&shared, unit)
+                    })
                     .expect("spawning a compute thread")
             })
             .collect();
@@ -124,6 +136,41 @@ impl ThreadPool {
         }
     }
 }
+
+/// CPUs this process may run on.
+#[cfg(target_os = "linux")]
+fn allowed_cpus() -> Option<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        Some(
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect(),
+        )
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn allowed_cpus() -> Option<Vec<usize>> {
+    None
+}
+
+#[cfg(target_os = "linux")]
+fn pin_current_thread(cpu: usize) {
+    // SAFETY: as above; failure to pin is harmless (the OS keeps scheduling the thread).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_current_thread(_cpu: usize) {}
 
 fn worker_loop(shared: &Shared, unit: usize) {
     IN_JOB.with(|c| c.set(true));

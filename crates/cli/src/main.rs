@@ -10,6 +10,7 @@ use tessera_engine::engine::default_threads;
 use tessera_engine::generate::{generate, GenerateRequest};
 use tessera_engine::{store, Engine, SamplingParams};
 use tessera_kernels::plan::Precision;
+use tessera_kernels::planner::ShapeKey;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_tokenizer::ChatMessage;
 
@@ -100,6 +101,41 @@ enum Command {
     },
     /// Fetch the default model into the user cache and verify it.
     Pull,
+    /// Show the plans the planner considers for one matrix product, with predicted times.
+    Plan {
+        #[arg(long)]
+        m: usize,
+        #[arg(long)]
+        k: usize,
+        #[arg(long)]
+        n: usize,
+        /// Weight format: f32, f16, bf16, q8_0, q4_0, q4_1.
+        #[arg(long)]
+        dtype: String,
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long, default_value = "fast")]
+        precision: String,
+        /// How many ranked candidates to list.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+    /// Measure the best plans for the model's shapes and store them in the tuning cache.
+    Tune {
+        #[arg(long)]
+        model: Option<PathBuf>,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// exact, fast, or both.
+        #[arg(long, default_value = "both")]
+        precision: String,
+        /// Comma-separated M values (default 1,2,4,...,1024).
+        #[arg(long, value_delimiter = ',')]
+        m: Vec<usize>,
+        /// Candidates timed per shape.
+        #[arg(long, default_value_t = 6)]
+        top: usize,
+    },
 }
 
 fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
@@ -144,6 +180,110 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Plan {
+            m,
+            k,
+            n,
+            dtype,
+            threads,
+            precision,
+            top,
+        } => {
+            let dtype = tessera_core::DType::parse(&dtype).with_context(|| {
+                format!("--dtype {dtype:?}: expected f32, f16, bf16, q8_0, q4_0 or q4_1")
+            })?;
+            let precision = Precision::parse(&precision)
+                .with_context(|| format!("--precision {precision:?}"))?;
+            if m == 0 || k == 0 || n == 0 {
+                bail!("--m, --k and --n must be positive");
+            }
+            if dtype.is_quantized() && k % dtype.block_len() != 0 {
+                bail!(
+                    "--k {k} is not a multiple of the {dtype} block size {}",
+                    dtype.block_len()
+                );
+            }
+            let threads = threads.unwrap_or_else(default_threads).max(1);
+            let planner = tessera_engine::tuning::load_planner();
+            let key = ShapeKey::new(m, k, n, dtype, precision, threads);
+            let chosen = planner.plan(&key);
+            let tuned = planner
+                .cache
+                .plans
+                .contains_key(&key.bucket().to_text(&planner.profile.cpu));
+            println!(
+                "m={m} k={k} n={n} {dtype} {precision}, {threads} units on {}",
+                planner.profile.cpu
+            );
+            println!(
+                "chosen ({}): {chosen}",
+                if tuned { "tuning cache" } else { "cost model" }
+            );
+            println!("candidates by predicted time:");
+            for (i, p) in planner.candidates(&key).iter().take(top).enumerate() {
+                println!("{:>3}. {p}", i + 1);
+            }
+        }
+        Command::Tune {
+            model,
+            threads,
+            precision,
+            m,
+            top,
+        } => {
+            let path = store::resolve_model(model.as_deref())?;
+            let files = tessera_formats::load_model(&path)
+                .with_context(|| format!("loading {}", path.display()))?;
+            let shapes = tessera_engine::tune::model_shapes(&files);
+            let precisions = match precision.as_str() {
+                "both" => vec![Precision::Exact, Precision::Fast],
+                p => vec![Precision::parse(p)
+                    .with_context(|| format!("--precision {p:?}: exact, fast or both"))?],
+            };
+            let threads = threads.unwrap_or_else(default_threads).max(1);
+            let pool = tessera_runtime::ThreadPool::new(threads);
+            let mut cache = tessera_engine::tuning::read_cache()?;
+            eprintln!("measuring the machine profile ...");
+            let profile =
+                tessera_kernels::calibrate::measure_profile(&pool, &mut |s| eprintln!("  {s}"));
+            eprintln!("{profile:#?}");
+            cache.profile = Some(profile.clone());
+            let planner = tessera_kernels::planner::Planner::new(
+                profile,
+                tessera_kernels::planner::TuningCache::default(),
+            );
+            let m_list = if m.is_empty() {
+                tessera_engine::tune::M_LADDER.to_vec()
+            } else {
+                m
+            };
+            for precision in precisions {
+                let bar = indicatif::ProgressBar::new((shapes.len() * m_list.len()) as u64);
+                bar.set_style(indicatif::ProgressStyle::with_template(
+                    "tuning {prefix} {bar:30} {pos}/{len} {msg} ({eta})",
+                )?);
+                bar.set_prefix(precision.to_string());
+                let opts = tessera_engine::tune::TuneOptions {
+                    precision,
+                    m_list: m_list.clone(),
+                    top,
+                };
+                tessera_engine::tune::tune(
+                    &pool,
+                    &planner,
+                    &shapes,
+                    &opts,
+                    &mut cache,
+                    &mut |done, _total, label| {
+                        bar.set_position(done as u64);
+                        bar.set_message(label.to_string());
+                    },
+                );
+                bar.finish();
+            }
+            let p = tessera_engine::tuning::write_cache(&cache)?;
+            println!("{} tuned plans saved to {}", cache.plans.len(), p.display());
+        }
         Command::Pull => {
             let p = store::pull_default()?;
             println!("{}", p.display());

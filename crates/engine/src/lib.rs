@@ -8,6 +8,7 @@ pub mod perplexity;
 pub mod sampling;
 pub mod stop;
 pub mod store;
+pub mod tune;
 pub mod tuning;
 
 pub use engine::Engine;

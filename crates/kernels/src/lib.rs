@@ -12,6 +12,7 @@
 //! summation order depends only on K (8 lanes, a fixed lane tree, then the tail), never on M,
 //! N, the thread count or the other rows. That makes every row's result batch-invariant.
 
+pub mod calibrate;
 pub mod cost;
 pub mod gemm;
 pub mod generic;

@@ -1,0 +1,224 @@
+//! Measures the machine figures the cost model and the benchmarks need: peak FMA
+//! throughput, streaming read bandwidth, pool dispatch overhead, and the throughput of each
+//! kernel family on cache-resident data. Each figure is the best of a few short runs (the
+//! machine is noisy; the best run is the least disturbed one).
+
+use std::time::Instant;
+
+use tessera_core::tensor::quantize_row;
+use tessera_core::{DType, TensorBytes, WeightTensor};
+use tessera_runtime::{split_range, ThreadPool};
+
+use crate::cost::MachineProfile;
+use crate::gemm::{execute, GemmWeight};
+use crate::isa::Isa;
+use crate::plan::{KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision};
+use crate::planner::{cpu_model, Planner, ShapeKey};
+
+fn best_of<F: FnMut() -> f64>(runs: usize, mut f: F) -> f64 {
+    (0..runs).map(|_| f()).fold(f64::INFINITY, f64::min)
+}
+
+/// Peak f32 FMA throughput of all units together, GFLOP/s (0 without FMA hardware).
+pub fn peak_fma_gflops(pool: &ThreadPool) -> f64 {
+    if Isa::active() != Isa::Avx2Fma {
+        return 0.0;
+    }
+    const ITERS: usize = 2_000_000;
+    let secs = best_of(3, || {
+        let t = Instant::now();
+        pool.run(|_| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: Avx2Fma checked above.
+            unsafe {
+                std::hint::black_box(fma_loop(ITERS));
+            }
+        });
+        t.elapsed().as_secs_f64()
+    });
+    // 10 chains × 8 lanes × 2 FLOP per iteration per unit.
+    (ITERS * 10 * 16 * pool.units()) as f64 / secs / 1e9
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_loop(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let a = _mm256_set1_ps(0.999_999);
+    let b = _mm256_set1_ps(1e-7);
+    let mut acc = [_mm256_set1_ps(1.0); 10];
+    for _ in 0..iters {
+        for v in acc.iter_mut() {
+            *v = _mm256_fmadd_ps(*v, a, b);
+        }
+    }
+    let mut s = 0.0;
+    for v in acc {
+        s += _mm256_cvtss_f32(v);
+    }
+    s
+}
+
+/// Streaming read bandwidth of all units over a buffer much larger than the caches, GB/s.
+pub fn dram_read_gbs(pool: &ThreadPool) -> f64 {
+    let n = 64 << 20; // 256 MiB of f32
+    let buf = vec![1.0f32; n];
+    let units = pool.units();
+    let secs = best_of(3, || {
+        let t = Instant::now();
+        pool.run(|u| {
+            let r = split_range(n, units, u);
+            std::hint::black_box(sum_f32(&buf[r]));
+        });
+        t.elapsed().as_secs_f64()
+    });
+    (n * 4) as f64 / secs / 1e9
+}
+
+fn sum_f32(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 32];
+    for c in x.chunks_exact(32) {
+        for i in 0..32 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum()
+}
+
+/// Microseconds per parallel operation (dispatch and join of an empty job).
+pub fn dispatch_us(pool: &ThreadPool) -> f64 {
+    let n = 5000;
+    best_of(3, || {
+        let t = Instant::now();
+        for _ in 0..n {
+            pool.run(|u| {
+                std::hint::black_box(u);
+            });
+        }
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    })
+}
+
+fn weight(dtype: DType, n: usize, k: usize, repack: bool) -> GemmWeight {
+    let bytes: Vec<u8> = (0..n)
+        .flat_map(|r| {
+            let row: Vec<f32> = (0..k)
+                .map(|i| ((r * 31 + i * 17) % 97) as f32 / 97.0 - 0.5)
+                .collect();
+            quantize_row(dtype, &row)
+        })
+        .collect();
+    GemmWeight::new(
+        WeightTensor::new("calibration", dtype, vec![n, k], TensorBytes::owned(&bytes)).unwrap(),
+        repack,
+    )
+}
+
+/// GFLOP/s of one unit running a fixed tile on cache-resident data.
+fn family_gflops(family: KernelFamily) -> f64 {
+    let (m, k, n) = (48, 512, 64);
+    let pool = ThreadPool::new(1);
+    let (dtype, precision, mr, nr) = match family {
+        KernelFamily::F32Dot => (DType::F32, Precision::Exact, 3, 4),
+        KernelFamily::Q8Interleaved => (DType::Q4_1, Precision::Fast, 4, 8),
+    };
+    let w = weight(dtype, n, k, family == KernelFamily::Q8Interleaved);
+    let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
+    let mut out = vec![0f32; m * n];
+    let planner = Planner::untuned();
+    let mut plan: Plan = planner.candidates(&ShapeKey::new(m, k, n, dtype, precision, 1))[0];
+    plan.tile.mr = mr;
+    plan.tile.nr = nr;
+    plan.tile.mc = m;
+    plan.tile.nc = n;
+    plan.parallel = ParallelPlan {
+        split: ParallelSplit::N,
+        units: 1,
+    };
+    let reps = 50;
+    let secs = best_of(3, || {
+        let t = Instant::now();
+        for _ in 0..reps {
+            execute(&pool, &plan, &x, m, &w, None, &mut out);
+        }
+        t.elapsed().as_secs_f64() / reps as f64
+    });
+    2.0 * (m * k * n) as f64 / secs / 1e9
+}
+
+/// Elements per ns of Q4_1 dequantization and of activation quantization, one unit.
+fn convert_rates() -> (f64, f64) {
+    let k = 4096;
+    let w = weight(DType::Q4_1, 8, k, false);
+    let mut row = vec![0f32; k];
+    let reps = 200;
+    let deq = best_of(3, || {
+        let t = Instant::now();
+        for r in 0..reps {
+            let i = r % 8;
+            match Isa::active() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: Avx2Fma means AVX2, FMA and F16C are present; sizes match.
+                Isa::Avx2Fma => unsafe {
+                    crate::x86::avx2::dequantize(DType::Q4_1, w.tensor.row(i), &mut row)
+                },
+                _ => w.tensor.dequantize_row(i, &mut row),
+            }
+            std::hint::black_box(&row);
+        }
+        t.elapsed().as_secs_f64()
+    });
+    let x: Vec<f32> = (0..16 * k).map(|i| (i % 29) as f32 * 0.01).collect();
+    let q = best_of(3, || {
+        let t = Instant::now();
+        for _ in 0..10 {
+            std::hint::black_box(crate::quant_acts::QuantizedActs::quantize(&x, 16, k));
+        }
+        t.elapsed().as_secs_f64()
+    });
+    (
+        (reps * k) as f64 / deq / 1e9,
+        (10 * 16 * k) as f64 / q / 1e9,
+    )
+}
+
+fn cache_bytes(level: &str, default: usize) -> usize {
+    // sysfs: index2 is L2, index3 is L3 on x86 Linux.
+    let idx = if level == "L2" { 2 } else { 3 };
+    std::fs::read_to_string(format!(
+        "/sys/devices/system/cpu/cpu0/cache/index{idx}/size"
+    ))
+    .ok()
+    .and_then(|s| {
+        let s = s.trim();
+        let (num, mul) = match s.strip_suffix('K') {
+            Some(n) => (n, 1024),
+            None => match s.strip_suffix('M') {
+                Some(n) => (n, 1 << 20),
+                None => (s, 1),
+            },
+        };
+        num.parse::<usize>().ok().map(|v| v * mul)
+    })
+    .unwrap_or(default)
+}
+
+/// Measures a full profile (about two seconds). `progress` names each step as it starts.
+pub fn measure_profile(pool: &ThreadPool, progress: &mut dyn FnMut(&str)) -> MachineProfile {
+    let mut p = MachineProfile::default_for(&cpu_model());
+    progress("f32 dot tiles");
+    p.f32_gflops_per_core = family_gflops(KernelFamily::F32Dot);
+    progress("integer dot tiles");
+    p.q8_gflops_per_core = family_gflops(KernelFamily::Q8Interleaved);
+    progress("memory bandwidth");
+    p.dram_gbs = dram_read_gbs(pool);
+    progress("dispatch overhead");
+    p.dispatch_us = dispatch_us(pool);
+    progress("dequantization");
+    let (deq, q) = convert_rates();
+    p.dequant_elems_per_ns = deq;
+    p.quant_elems_per_ns = q;
+    p.l2_bytes = cache_bytes("L2", p.l2_bytes);
+    p.l3_bytes = cache_bytes("L3", p.l3_bytes);
+    p
+}

@@ -160,9 +160,9 @@ fn convert_rates() -> (f64, f64) {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: Avx2Fma means AVX2, FMA and F16C are present; sizes match.
                 Isa::Avx2Fma => unsafe {
-                    crate::x86::avx2::dequantize(DType::Q4_1, w.tensor.row(i), &mut row)
+                    crate::x86::avx2::dequantize(DType::Q4_1, w.row(i), &mut row)
                 },
-                _ => w.tensor.dequantize_row(i, &mut row),
+                _ => w.parts[0].dequantize_row(i, &mut row),
             }
             std::hint::black_box(&row);
         }

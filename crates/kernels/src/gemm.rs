@@ -16,27 +16,63 @@ use crate::packed::{PackedWeight, GROUP};
 use crate::plan::{KernelFamily, Plan};
 use crate::quant_acts::QuantizedActs;
 
-/// A weight in the layouts its kernels read: the stored tensor, plus the interleaved
-/// repack when the fast path is enabled for a block-quantized format.
+/// A weight in the layouts its kernels read: the stored tensor (or several with the same K
+/// and dtype stacked along N, e.g. fused q/k/v projections, without copying), plus the
+/// interleaved repack when the fast path is enabled for a block-quantized format.
 pub struct GemmWeight {
-    pub tensor: WeightTensor,
+    pub parts: Vec<WeightTensor>,
+    /// First row of each part.
+    starts: Vec<usize>,
+    n: usize,
     pub packed: Option<PackedWeight>,
 }
 
 impl GemmWeight {
     pub fn new(tensor: WeightTensor, repack: bool) -> Self {
-        let packed = if repack {
-            PackedWeight::pack(&tensor)
-        } else {
-            None
-        };
-        GemmWeight { tensor, packed }
+        Self::stacked(vec![tensor], repack).expect("a single tensor always stacks")
     }
+
+    /// Stacks `parts` along N. They must share dtype and K; `None` otherwise.
+    pub fn stacked(parts: Vec<WeightTensor>, repack: bool) -> Option<Self> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.dtype != first.dtype || p.cols() != first.cols() || p.shape.len() != 2)
+        {
+            return None;
+        }
+        let mut starts = Vec::with_capacity(parts.len());
+        let mut n = 0;
+        for p in &parts {
+            starts.push(n);
+            n += p.rows();
+        }
+        let mut w = GemmWeight {
+            parts,
+            starts,
+            n,
+            packed: None,
+        };
+        if repack {
+            w.packed = PackedWeight::pack_rows(w.dtype(), w.n, w.k(), &|r| w.row(r));
+        }
+        Some(w)
+    }
+
     pub fn n(&self) -> usize {
-        self.tensor.rows()
+        self.n
     }
     pub fn k(&self) -> usize {
-        self.tensor.cols()
+        self.parts[0].cols()
+    }
+    pub fn dtype(&self) -> tessera_core::DType {
+        self.parts[0].dtype
+    }
+
+    /// Stored bytes of row `r` (over all parts).
+    pub fn row(&self, r: usize) -> &[u8] {
+        let i = self.starts.partition_point(|&s| s <= r) - 1;
+        self.parts[i].row(r - self.starts[i])
     }
 }
 
@@ -129,7 +165,12 @@ fn f32dot_range(
         while n0 < cols.end {
             let ncb = nc.min(cols.end - n0);
             for r in 0..ncb {
-                dequantize(isa, &w.tensor, n0 + r, &mut panel[r * k..(r + 1) * k]);
+                dequantize(
+                    isa,
+                    w.dtype(),
+                    w.row(n0 + r),
+                    &mut panel[r * k..(r + 1) * k],
+                );
             }
             let mut m0 = rows.start;
             while m0 < rows.end {
@@ -159,13 +200,13 @@ fn f32dot_range(
     });
 }
 
-fn dequantize(isa: Isa, w: &WeightTensor, row: usize, out: &mut [f32]) {
+fn dequantize(isa: Isa, dtype: tessera_core::DType, row: &[u8], out: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Avx2Fma is active only with AVX2, FMA and F16C; the row holds `out.len()`
-        // elements (WeightTensor checked its byte length).
-        Isa::Avx2Fma => unsafe { crate::x86::avx2::dequantize(w.dtype, w.row(row), out) },
-        _ => generic::dequantize(w.dtype, w.row(row), out),
+        // SAFETY: Avx2Fma is active only with AVX2, FMA and F16C; a stored row holds
+        // `out.len()` elements (WeightTensor checked its byte length).
+        Isa::Avx2Fma => unsafe { crate::x86::avx2::dequantize(dtype, row, out) },
+        _ => generic::dequantize(dtype, row, out),
     }
 }
 

@@ -28,7 +28,7 @@ pub fn matmul(
     } else {
         Precision::Exact
     };
-    let key = ShapeKey::new(m, w.k(), w.n(), w.tensor.dtype, precision, pool.units());
+    let key = ShapeKey::new(m, w.k(), w.n(), w.dtype(), precision, pool.units());
     let plan = planner.plan(&key);
     execute(pool, &plan, x, m, w, bias, out)
 }
@@ -135,7 +135,7 @@ mod tests {
                 let plans = planner.candidates(&key);
                 let fam = plans[0].tile.family;
                 let xr = if fam == KernelFamily::Q8Interleaved { dequantized_acts(&x, m, k) } else { x.clone() };
-                let reference = matmul_reference(&xr, m, &w.tensor, Some(&bias));
+                let reference = matmul_reference(&xr, m, &w.parts[0], Some(&bias));
                 let first = run(&plans[0], &pool, &x, m, &w, Some(&bias));
                 for (a, b) in first.iter().zip(&reference) {
                     let tol = 2e-5 * (k as f64) * 2.0 + 1e-4;
@@ -190,7 +190,7 @@ mod tests {
                     KernelFamily::F32Dot => {
                         let mut wr = vec![0f32; k];
                         for j in 0..n {
-                            w.tensor.dequantize_row(j, &mut wr);
+                            w.parts[0].dequantize_row(j, &mut wr);
                             for i in 0..m {
                                 portable[i * n + j] =
                                     crate::generic::dot_f32(&x[i * k..(i + 1) * k], &wr);

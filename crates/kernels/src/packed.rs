@@ -43,12 +43,22 @@ pub fn record_layout(dtype: DType) -> Option<(usize, usize, usize)> {
 impl PackedWeight {
     /// Repacks a Q4_0, Q4_1 or Q8_0 weight; `None` for other formats.
     pub fn pack(w: &WeightTensor) -> Option<Self> {
-        let (qbytes, d_off, m_off) = record_layout(w.dtype)?;
-        let record_bytes = match w.dtype {
+        Self::pack_rows(w.dtype, w.rows(), w.cols(), &|r| w.row(r))
+    }
+
+    /// Repacks `n` stored rows of `k` elements given by `row(r)`; `None` for formats
+    /// without an interleaved layout.
+    pub fn pack_rows<'a>(
+        dtype: DType,
+        n: usize,
+        k: usize,
+        row: &dyn Fn(usize) -> &'a [u8],
+    ) -> Option<Self> {
+        let (qbytes, d_off, m_off) = record_layout(dtype)?;
+        let record_bytes = match dtype {
             DType::Q4_1 => 160,
             _ => qbytes + 16,
         };
-        let (n, k) = (w.rows(), w.cols());
         let groups = n.div_ceil(GROUP);
         let blocks = k / QK;
         let mut data = vec![0u8; groups * blocks * record_bytes];
@@ -59,13 +69,13 @@ impl PackedWeight {
                 let mut d = [[0u8; 2]; GROUP];
                 let mut m = [[0u8; 2]; GROUP];
                 for (c, qc) in q.iter_mut().enumerate() {
-                    let row = g * GROUP + c;
+                    let r = g * GROUP + c;
                     qc.fill(0);
-                    if row >= n {
+                    if r >= n {
                         continue;
                     }
-                    let bytes = w.row(row);
-                    match w.dtype {
+                    let bytes = row(r);
+                    match dtype {
                         DType::Q4_0 => {
                             let blk = &as_blocks::<BlockQ4_0>(bytes).unwrap()[b];
                             d[c] = blk.d;
@@ -93,7 +103,7 @@ impl PackedWeight {
                         _ => unreachable!(),
                     }
                 }
-                match w.dtype {
+                match dtype {
                     DType::Q8_0 => {
                         for v in 0..8 {
                             for c in 0..GROUP {
@@ -116,14 +126,14 @@ impl PackedWeight {
                 }
                 for c in 0..GROUP {
                     rec[d_off + 2 * c..d_off + 2 * c + 2].copy_from_slice(&d[c]);
-                    if w.dtype == DType::Q4_1 {
+                    if dtype == DType::Q4_1 {
                         rec[m_off + 2 * c..m_off + 2 * c + 2].copy_from_slice(&m[c]);
                     }
                 }
             }
         }
         Some(PackedWeight {
-            dtype: w.dtype,
+            dtype,
             n,
             k,
             groups,

@@ -35,7 +35,8 @@ pub struct AttnShape {
 }
 
 /// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every new token.
-/// `q`: `[tokens, n_heads · head_dim]`, already rotated; K/V of the new tokens already stored.
+/// `q`: token rows `q_stride` apart, each starting with `n_heads · head_dim` rotated query
+/// values; K/V of the new tokens already stored.
 pub fn attention(
     pool: &ThreadPool,
     batch: &BatchMeta,
@@ -43,6 +44,7 @@ pub fn attention(
     layer: usize,
     shape: &AttnShape,
     q: &[f32],
+    q_stride: usize,
     out: &mut [f32],
 ) {
     let (nh, nkv, hd) = (shape.n_heads, shape.n_kv_heads, shape.head_dim);
@@ -70,7 +72,7 @@ pub fn attention(
                 let pos = chunk.start_pos + i;
                 scores.resize(pos + 1, 0.0);
                 for h in kvh * group..(kvh + 1) * group {
-                    let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+                    let qh = &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
                     for (p, sc) in scores.iter_mut().enumerate() {
                         let off = kv.offset(&chunk.block_table, p) + kvh * hd;
                         *sc = tessera_kernels::dot(qh, &kbuf[off..off + hd]) * scale;

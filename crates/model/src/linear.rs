@@ -42,27 +42,54 @@ impl DenseLinear {
         inp: usize,
         repack: bool,
     ) -> Result<Self> {
-        if weight.shape != [out, inp] {
-            return Err(Error::ShapeMismatch {
-                name: weight.name.clone(),
-                got: weight.shape.clone(),
-                expected: vec![out, inp],
-            });
-        }
-        let bias = match bias {
-            Some(b) if b.numel() != out => {
+        Self::stacked(vec![(weight, bias, out)], inp, repack)
+    }
+
+    /// Several projections of the same input stacked along the output (fused q/k/v, or
+    /// gate/up): one matrix product computes them all. Each part is `(weight, bias, out)`.
+    pub fn stacked(
+        parts: Vec<(WeightTensor, Option<&WeightTensor>, usize)>,
+        inp: usize,
+        repack: bool,
+    ) -> Result<Self> {
+        let mut weights = Vec::with_capacity(parts.len());
+        let mut bias: Vec<f32> = Vec::new();
+        let any_bias = parts.iter().any(|p| p.1.is_some());
+        for (w, b, out) in parts {
+            if w.shape != [out, inp] {
                 return Err(Error::ShapeMismatch {
-                    name: b.name.clone(),
-                    got: b.shape.clone(),
-                    expected: vec![out],
-                })
+                    name: w.name.clone(),
+                    got: w.shape.clone(),
+                    expected: vec![out, inp],
+                });
             }
-            Some(b) => Some(b.to_f32_vec()),
-            None => None,
-        };
+            match b {
+                Some(b) if b.numel() != out => {
+                    return Err(Error::ShapeMismatch {
+                        name: b.name.clone(),
+                        got: b.shape.clone(),
+                        expected: vec![out],
+                    })
+                }
+                Some(b) => bias.extend(b.to_f32_vec()),
+                None if any_bias => bias.extend(std::iter::repeat_n(0.0, out)),
+                None => {}
+            }
+            weights.push(w);
+        }
+        let names: Vec<String> = weights
+            .iter()
+            .map(|w| format!("{} ({})", w.name, w.dtype))
+            .collect();
+        let weight = GemmWeight::stacked(weights, repack).ok_or_else(|| {
+            Error::Config(format!(
+                "cannot fuse tensors of different formats: {}",
+                names.join(", ")
+            ))
+        })?;
         Ok(DenseLinear {
-            weight: GemmWeight::new(weight, repack),
-            bias,
+            weight,
+            bias: any_bias.then_some(bias),
         })
     }
 }

@@ -17,12 +17,11 @@ use crate::rope::Rope;
 struct Layer {
     attn_norm: Vec<f32>,
     ffn_norm: Vec<f32>,
-    q: Box<dyn Linear>,
-    k: Box<dyn Linear>,
-    v: Box<dyn Linear>,
+    /// q, k and v projections stacked: one product per layer instead of three.
+    qkv: Box<dyn Linear>,
     o: Box<dyn Linear>,
-    gate: Box<dyn Linear>,
-    up: Box<dyn Linear>,
+    /// gate and up projections stacked.
+    gate_up: Box<dyn Linear>,
     down: Box<dyn Linear>,
 }
 
@@ -54,9 +53,23 @@ fn linear(
     inp: usize,
     repack: bool,
 ) -> Result<Box<dyn Linear>> {
-    let w = files.tensor(&format!("{name}.weight"))?.clone();
-    let bias = files.tensors.get(&format!("{name}.bias"));
-    Ok(Box::new(DenseLinear::new(w, bias, out, inp, repack)?))
+    stacked(files, &[(name, out)], inp, repack)
+}
+
+/// Projections of one input fused into one product; every part must exist with the
+/// expected shape.
+fn stacked(
+    files: &ModelFiles,
+    parts: &[(&str, usize)],
+    inp: usize,
+    repack: bool,
+) -> Result<Box<dyn Linear>> {
+    let mut v = Vec::with_capacity(parts.len());
+    for &(name, out) in parts {
+        let w = files.tensor(&format!("{name}.weight"))?.clone();
+        v.push((w, files.tensors.get(&format!("{name}.bias")), out));
+    }
+    Ok(Box::new(DenseLinear::stacked(v, inp, repack)?))
 }
 
 /// A raw pointer for parallel row-wise writes into disjoint rows.
@@ -95,12 +108,14 @@ impl LlamaModel {
             layers.push(Layer {
                 attn_norm: vector(files, &p("attn_norm.weight"), h)?,
                 ffn_norm: vector(files, &p("ffn_norm.weight"), h)?,
-                q: linear(files, &p("attn_q"), q, h, rp)?,
-                k: linear(files, &p("attn_k"), kv, h, rp)?,
-                v: linear(files, &p("attn_v"), kv, h, rp)?,
+                qkv: stacked(
+                    files,
+                    &[(&p("attn_q"), q), (&p("attn_k"), kv), (&p("attn_v"), kv)],
+                    h,
+                    rp,
+                )?,
                 o: linear(files, &p("attn_output"), h, q, rp)?,
-                gate: linear(files, &p("ffn_gate"), ff, h, rp)?,
-                up: linear(files, &p("ffn_up"), ff, h, rp)?,
+                gate_up: stacked(files, &[(&p("ffn_gate"), ff), (&p("ffn_up"), ff)], h, rp)?,
                 down: linear(files, &p("ffn_down"), h, ff, rp)?,
             });
         }
@@ -171,6 +186,7 @@ impl LlamaModel {
         }
         let pool = ctx.pool;
         let units = pool.units();
+        let kv_block = kv.block_size();
 
         // Embedding rows.
         let mut x = vec![0f32; m * h];
@@ -187,13 +203,12 @@ impl LlamaModel {
             }
         });
 
+        let qkvd = qd + 2 * kvd;
         let mut hbuf = vec![0f32; m * h];
-        let mut q = vec![0f32; m * qd];
-        let mut k = vec![0f32; m * kvd];
-        let mut v = vec![0f32; m * kvd];
+        let mut qkv = vec![0f32; m * qkvd];
         let mut att = vec![0f32; m * qd];
-        let mut g = vec![0f32; m * ff];
-        let mut up = vec![0f32; m * ff];
+        let mut gu = vec![0f32; m * 2 * ff];
+        let mut act = vec![0f32; m * ff];
         let mut tmp = vec![0f32; m * h];
         let shape = AttnShape {
             n_heads: c.n_heads,
@@ -203,46 +218,46 @@ impl LlamaModel {
 
         for (li, layer) in self.layers.iter().enumerate() {
             rms_rows(ctx, &x, &layer.attn_norm, c.rms_eps, h, &mut hbuf);
-            layer.q.forward(ctx, &hbuf, m, &mut q);
-            layer.k.forward(ctx, &hbuf, m, &mut k);
-            layer.v.forward(ctx, &hbuf, m, &mut v);
-            // RoPE on q and k, then store k and v.
-            let (qp, kp) = (RowsPtr(q.as_mut_ptr()), RowsPtr(k.as_mut_ptr()));
+            layer.qkv.forward(ctx, &hbuf, m, &mut qkv);
+            // RoPE on each row's q and k parts.
+            let qp = RowsPtr(qkv.as_mut_ptr());
             pool.run(|u| {
                 let mut cs = Vec::new();
                 for t in split_range(m, units, u) {
-                    self.rope
-                        .apply(qp.rows(t * qd, qd), c.head_dim, positions[t], &mut cs);
-                    self.rope
-                        .apply(kp.rows(t * kvd, kvd), c.head_dim, positions[t], &mut cs);
+                    let row = qp.rows(t * qkvd, qd + kvd);
+                    let (qr, kr) = row.split_at_mut(qd);
+                    self.rope.apply(qr, c.head_dim, positions[t], &mut cs);
+                    self.rope.apply(kr, c.head_dim, positions[t], &mut cs);
                 }
             });
             {
+                let (kb, vb) = kv.layer_mut(li);
                 let mut t = 0;
                 for chunk in &batch.seqs {
                     for i in 0..chunk.tokens.len() {
-                        let off = kv.offset(&chunk.block_table, chunk.start_pos + i);
-                        let (kb, vb) = kv.layer_mut(li);
-                        kb[off..off + kvd].copy_from_slice(&k[t * kvd..(t + 1) * kvd]);
-                        vb[off..off + kvd].copy_from_slice(&v[t * kvd..(t + 1) * kvd]);
+                        let off = offset_in(&chunk.block_table, chunk.start_pos + i, kv_block, kvd);
+                        let row = &qkv[t * qkvd..(t + 1) * qkvd];
+                        kb[off..off + kvd].copy_from_slice(&row[qd..qd + kvd]);
+                        vb[off..off + kvd].copy_from_slice(&row[qd + kvd..]);
                         t += 1;
                     }
                 }
             }
-            attention(pool, batch, kv, li, &shape, &q, &mut att);
+            attention(pool, batch, kv, li, &shape, &qkv, qkvd, &mut att);
             layer.o.forward(ctx, &att, m, &mut tmp);
             ops::add_assign(&mut x, &tmp);
 
             rms_rows(ctx, &x, &layer.ffn_norm, c.rms_eps, h, &mut hbuf);
-            layer.gate.forward(ctx, &hbuf, m, &mut g);
-            layer.up.forward(ctx, &hbuf, m, &mut up);
-            let (gp, upr) = (RowsPtr(g.as_mut_ptr()), &up);
+            layer.gate_up.forward(ctx, &hbuf, m, &mut gu);
+            let ap = RowsPtr(act.as_mut_ptr());
+            let gur = &gu;
             pool.run(|u| {
                 for t in split_range(m, units, u) {
-                    ops::swiglu(gp.rows(t * ff, ff), &upr[t * ff..(t + 1) * ff]);
+                    let row = &gur[t * 2 * ff..(t + 1) * 2 * ff];
+                    ops::swiglu_into(&row[..ff], &row[ff..], ap.rows(t * ff, ff));
                 }
             });
-            layer.down.forward(ctx, &g, m, &mut tmp);
+            layer.down.forward(ctx, &act, m, &mut tmp);
             ops::add_assign(&mut x, &tmp);
         }
 
@@ -276,6 +291,11 @@ impl LlamaModel {
             rows,
         })
     }
+}
+
+/// Element offset of `pos` in a layer's KV buffer (see `KvStorage::offset`).
+fn offset_in(table: &[u32], pos: usize, block: usize, kvd: usize) -> usize {
+    (table[pos / block] as usize * block + pos % block) * kvd
 }
 
 /// RMSNorm of every `h`-wide row of `x` into `out`, parallel over rows.

@@ -58,6 +58,32 @@ impl TensorBytes {
     }
 }
 
+impl TensorBytes {
+    /// Tells the OS the mapped pages are not needed now (a repacked copy replaced them), so
+    /// they leave the resident set; touching them again reads them back from the file.
+    /// Only whole pages inside the window are released. Owned bytes are left alone.
+    pub fn release_pages(&self) {
+        #[cfg(unix)]
+        if let TensorBytes::Mapped { map, offset, len } = self {
+            const PAGE: usize = 4096;
+            let start = offset.div_ceil(PAGE) * PAGE;
+            let end = (offset + len) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the map is a read-only file mapping; MADV_DONTNEED on it only drops
+                // clean page-cache-backed pages, which are re-read from the file on access,
+                // so no data any reader can see changes.
+                let _ = unsafe {
+                    map.unchecked_advise_range(
+                        memmap2::UncheckedAdvice::DontNeed,
+                        start,
+                        end - start,
+                    )
+                };
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for TensorBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -55,6 +55,10 @@ impl GemmWeight {
         };
         if repack {
             w.packed = PackedWeight::pack_rows(w.dtype(), w.n, w.k(), &|r| w.row(r));
+            if w.packed.is_some() {
+                // The fast path reads only the repacked copy from now on.
+                w.parts.iter().for_each(|p| p.bytes.release_pages());
+            }
         }
         Some(w)
     }

@@ -101,6 +101,50 @@ enum Command {
     },
     /// Fetch the default model into the user cache and verify it.
     Pull,
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Require `Authorization: Bearer KEY` on every request.
+        #[arg(long)]
+        api_key: Option<String>,
+        /// Model name clients use (default: the model's name).
+        #[arg(long)]
+        served_model_name: Option<String>,
+        /// Most sequences decoding at once.
+        #[arg(long, default_value_t = 32)]
+        max_num_seqs: usize,
+        /// Token budget of one engine step (decodes plus prefill chunks).
+        #[arg(long, default_value_t = 512)]
+        max_batched_tokens: usize,
+        /// Longest prefill chunk of one sequence in one step.
+        #[arg(long, default_value_t = 256)]
+        max_prefill_chunk: usize,
+        /// Context length (default: the model's, at most 8192).
+        #[arg(long)]
+        max_model_len: Option<usize>,
+        /// KV cache size in blocks of 16 positions (default: from --kv-memory-mb).
+        #[arg(long)]
+        kv_blocks: Option<usize>,
+        /// KV cache memory budget when --kv-blocks is not given.
+        #[arg(long, default_value_t = 1024)]
+        kv_memory_mb: usize,
+        /// Requests allowed to wait beyond the running ones; more get HTTP 503.
+        #[arg(long, default_value_t = 256)]
+        max_waiting: usize,
+        /// max_tokens when a request does not say.
+        #[arg(long, default_value_t = 256)]
+        default_max_tokens: usize,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Benchmarks: GEMM planner sweep, whole-model throughput.
+    Bench {
+        #[command(subcommand)]
+        cmd: tessera_bench::cli::BenchCommand,
+    },
     /// Show the plans the planner considers for one matrix product, with predicted times.
     Plan {
         #[arg(long)]
@@ -165,6 +209,17 @@ fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
         }
     );
     Ok(engine)
+}
+
+/// The name clients use for the model: the file stem (or folder name) it was loaded from.
+fn default_model_name(args: &ModelArgs, engine: &Engine) -> String {
+    args.model
+        .as_ref()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| match &args.model {
+            None => store::DEFAULT_FILE.trim_end_matches(".gguf").to_string(),
+            Some(_) => engine.name.clone(),
+        })
 }
 
 fn main() {
@@ -283,6 +338,60 @@ fn run(cli: Cli) -> Result<()> {
             }
             let p = tessera_engine::tuning::write_cache(&cache)?;
             println!("{} tuned plans saved to {}", cache.plans.len(), p.display());
+        }
+        Command::Bench { cmd } => tessera_bench::cli::run(cmd)?,
+        Command::Serve {
+            host,
+            port,
+            api_key,
+            served_model_name,
+            max_num_seqs,
+            max_batched_tokens,
+            max_prefill_chunk,
+            max_model_len,
+            kv_blocks,
+            kv_memory_mb,
+            max_waiting,
+            default_max_tokens,
+            model,
+        } => {
+            let engine = load(&model, Precision::Fast)?;
+            let c = &engine.model.config;
+            let block = 16;
+            let bytes_per_block = 2 * c.n_layers * block * c.kv_dim() * 4;
+            let num_blocks = kv_blocks.unwrap_or((kv_memory_mb << 20) / bytes_per_block.max(1));
+            let max_model_len = max_model_len
+                .unwrap_or(c.max_position.min(8192))
+                .min(c.max_position);
+            let mut sched = tessera_scheduler::SchedulerConfig::new(num_blocks, block);
+            sched.max_num_seqs = max_num_seqs;
+            sched.max_num_batched_tokens = max_batched_tokens.max(max_num_seqs);
+            sched.max_prefill_chunk = max_prefill_chunk;
+            sched.max_model_len = max_model_len;
+            sched.max_waiting = max_waiting;
+            sched
+                .validate()
+                .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
+            eprintln!(
+                "KV cache: {num_blocks} blocks of {block} positions ({:.0} MB), context {max_model_len}",
+                (num_blocks * bytes_per_block) as f64 / 1e6
+            );
+            let name = served_model_name.unwrap_or_else(|| default_model_name(&model, &engine));
+            let addr: std::net::SocketAddr = format!("{host}:{port}")
+                .parse()
+                .with_context(|| format!("--host {host:?} --port {port}"))?;
+            let opts = tessera_server::ServeOptions {
+                addr,
+                model_name: name,
+                api_key,
+                scheduler: sched,
+                default_max_tokens,
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(tessera_server::serve(engine, opts))?;
         }
         Command::Pull => {
             let p = store::pull_default()?;

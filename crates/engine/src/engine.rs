@@ -1,6 +1,7 @@
 //! A loaded model, its tokenizer, and the compute units it runs on.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tessera_core::Result;
@@ -13,7 +14,8 @@ use tessera_tokenizer::Tokenizer;
 pub struct Engine {
     pub name: String,
     pub model: LlamaModel,
-    pub tokenizer: Tokenizer,
+    /// Shared with the HTTP handlers, which tokenize and render chat templates.
+    pub tokenizer: Arc<Tokenizer>,
     pub pool: ThreadPool,
     pub planner: Planner,
     pub precision: Precision,
@@ -49,7 +51,7 @@ impl Engine {
     ) -> Result<Self> {
         let t0 = Instant::now();
         let files = tessera_formats::load_model(path)?;
-        let tokenizer = Tokenizer::from_spec(&files.tokenizer)?;
+        let tokenizer = Arc::new(Tokenizer::from_spec(&files.tokenizer)?);
         let model = LlamaModel::new(&files, precision)?;
         Ok(Engine {
             name: files.name.clone(),

@@ -174,7 +174,13 @@ fn capital_of_france_greedy() {
 fn fast_precision_stays_close_to_transformers() {
     use tessera_kernels::plan::Precision;
     let path = store::resolve_model(None).unwrap();
-    let e = Engine::load_with(&path, 2, Precision::Fast, tessera_engine::tuning::load_planner()).unwrap();
+    let e = Engine::load_with(
+        &path,
+        2,
+        Precision::Fast,
+        tessera_engine::tuning::load_planner(),
+    )
+    .unwrap();
     let g = golden();
     for p in g["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().unwrap();
@@ -187,17 +193,27 @@ fn fast_precision_stays_close_to_transformers() {
             block_table: (0..kv.num_blocks() as u32).collect(),
             logits: LogitsFor::All,
         };
-        let logits = e.model.forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx()).unwrap();
+        let logits = e
+            .model
+            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
+            .unwrap();
         let last = logits.row(n - 1);
         let mut worst = 0f64;
         for pair in p["top20"].as_array().unwrap() {
             let id = pair[0].as_u64().unwrap() as usize;
             worst = worst.max((last[id] as f64 - pair[1].as_f64().unwrap()).abs());
         }
-        assert!(worst < 2.0, "{name}: fast-path top-20 logits differ by up to {worst}");
+        assert!(
+            worst < 2.0,
+            "{name}: fast-path top-20 logits differ by up to {worst}"
+        );
         let margin = p["margin"].as_array().unwrap()[n - 1].as_f64().unwrap();
         if margin > 1.0 {
-            assert_eq!(argmax(last), ids(&p["argmax"])[n - 1], "{name}: fast-path top-1");
+            assert_eq!(
+                argmax(last),
+                ids(&p["argmax"])[n - 1],
+                "{name}: fast-path top-1"
+            );
         }
         eprintln!("{name}: fast path top-20 max |diff| = {worst:.3}");
     }

@@ -1,0 +1,18 @@
+//! Benchmarks behind `tessera bench`.
+//!
+//! - `gemm`: sweeps the matrix products of SmolLM2-135M and of one Llama-7B layer over a
+//!   range of M and compares, per shape, the planner's choice with the best of its top
+//!   candidates (the oracle), with the single best fixed strategy, and with OpenBLAS sgemm
+//!   (f32, loaded at run time when installed), against the machine's measured peak FMA
+//!   throughput and DRAM bandwidth.
+//! - `model`: llama-bench-style prompt processing and generation throughput of a model.
+//!
+//! [`cli`] holds the argument definitions and the entry point; the pure helpers (medians,
+//! geometric means, the best-fixed-strategy choice) live in [`stats`].
+
+pub mod cli;
+pub mod gemm;
+pub mod model;
+pub mod openblas;
+pub mod plot;
+pub mod stats;

@@ -1,0 +1,170 @@
+//! Server metrics, exported at `/metrics` in Prometheus' text format: queue depths, KV block
+//! use, prefix-cache hits, TTFT and time-per-output-token histograms, token counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Histogram bucket bounds, seconds.
+const BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Default)]
+pub struct Histogram {
+    inner: Mutex<(Vec<u64>, u64, f64)>,
+}
+
+impl Histogram {
+    pub fn observe(&self, secs: f64) {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if g.0.is_empty() {
+            g.0 = vec![0; BUCKETS.len()];
+        }
+        for (i, &b) in BUCKETS.iter().enumerate() {
+            if secs <= b {
+                g.0[i] += 1;
+            }
+        }
+        g.1 += 1;
+        g.2 += secs;
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} histogram\n"));
+        for (i, &b) in BUCKETS.iter().enumerate() {
+            out.push_str(&format!(
+                "{name}_bucket{{le=\"{b}\"}} {}\n",
+                g.0.get(i).copied().unwrap_or(0)
+            ));
+        }
+        out.push_str(&format!(
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}\n",
+            g.1, g.2, g.1
+        ));
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub waiting: AtomicU64,
+    pub running: AtomicU64,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    pub prefix_cache_queries: AtomicU64,
+    pub prefix_cache_hits: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generation_tokens: AtomicU64,
+    pub requests_finished: AtomicU64,
+    pub requests_rejected: AtomicU64,
+    pub steps: AtomicU64,
+    pub ttft: Histogram,
+    pub tpot: Histogram,
+    pub started: Mutex<Option<std::time::Instant>>,
+}
+
+impl Metrics {
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let gauge = |s: &mut String, name: &str, help: &str, v: u64| {
+            s.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}\n"
+            ));
+        };
+        let counter = |s: &mut String, name: &str, help: &str, v: u64| {
+            s.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"
+            ));
+        };
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        gauge(
+            &mut s,
+            "tessera_requests_waiting",
+            "Requests waiting to be scheduled.",
+            l(&self.waiting),
+        );
+        gauge(
+            &mut s,
+            "tessera_requests_running",
+            "Requests being generated.",
+            l(&self.running),
+        );
+        gauge(
+            &mut s,
+            "tessera_kv_blocks_used",
+            "KV cache blocks in use.",
+            l(&self.kv_blocks_used),
+        );
+        gauge(
+            &mut s,
+            "tessera_kv_blocks_total",
+            "KV cache blocks in all.",
+            l(&self.kv_blocks_total),
+        );
+        counter(
+            &mut s,
+            "tessera_prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+            l(&self.prefix_cache_queries),
+        );
+        counter(
+            &mut s,
+            "tessera_prefix_cache_hits_total",
+            "Prompt tokens found in the prefix cache.",
+            l(&self.prefix_cache_hits),
+        );
+        counter(
+            &mut s,
+            "tessera_prompt_tokens_total",
+            "Prompt tokens processed.",
+            l(&self.prompt_tokens),
+        );
+        counter(
+            &mut s,
+            "tessera_generation_tokens_total",
+            "Tokens generated.",
+            l(&self.generation_tokens),
+        );
+        counter(
+            &mut s,
+            "tessera_requests_finished_total",
+            "Requests finished.",
+            l(&self.requests_finished),
+        );
+        counter(
+            &mut s,
+            "tessera_requests_rejected_total",
+            "Requests rejected (queue full).",
+            l(&self.requests_rejected),
+        );
+        counter(
+            &mut s,
+            "tessera_engine_steps_total",
+            "Engine steps run.",
+            l(&self.steps),
+        );
+        let up = self
+            .started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|t| t.elapsed().as_secs_f64())
+            .unwrap_or(0.0);
+        let tps = if up > 0.0 {
+            l(&self.generation_tokens) as f64 / up
+        } else {
+            0.0
+        };
+        s.push_str(&format!("# HELP tessera_generation_tokens_per_second Generated tokens per second since start.\n# TYPE tessera_generation_tokens_per_second gauge\ntessera_generation_tokens_per_second {tps}\n"));
+        self.ttft.render(
+            "tessera_time_to_first_token_seconds",
+            "Time to first token.",
+            &mut s,
+        );
+        self.tpot.render(
+            "tessera_time_per_output_token_seconds",
+            "Time per output token after the first.",
+            &mut s,
+        );
+        s
+    }
+}

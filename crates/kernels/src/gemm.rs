@@ -215,7 +215,7 @@ fn dequantize(isa: Isa, dtype: tessera_core::DType, row: &[u8], out: &mut [f32])
 }
 
 /// One `mr × nr` register tile of canonical dots, results delivered through `put`.
-fn f32_tile<'a>(
+pub(crate) fn f32_tile<'a>(
     isa: Isa,
     mr: usize,
     nr: usize,

@@ -17,6 +17,7 @@ pub mod cost;
 pub mod gemm;
 pub mod generic;
 pub mod isa;
+pub mod math;
 pub mod matmul;
 pub mod ops;
 pub mod packed;
@@ -41,9 +42,40 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// A tile of canonical dot products: `put(i, j, dot(xs[i], ws[j]))` for up to 4 × 4 rows
+/// of equal length. Each element has exactly [`dot`]'s arithmetic, so callers may tile as
+/// they like without changing a result.
+pub fn dot_tile(xs: &[&[f32]], ws: &[&[f32]], put: &mut dyn FnMut(usize, usize, f32)) {
+    let k = xs.first().map_or(0, |x| x.len());
+    assert!(
+        xs.len() <= 4 && ws.len() <= 4,
+        "dot_tile takes at most 4 x 4 rows"
+    );
+    assert!(
+        xs.iter().chain(ws).all(|r| r.len() == k),
+        "dot_tile rows differ in length"
+    );
+    gemm::f32_tile(
+        Isa::active(),
+        xs.len(),
+        ws.len(),
+        &|i| xs[i],
+        &|j| ws[j],
+        k,
+        put,
+    )
+}
+
 /// `y += a · x`.
 #[inline]
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() == Isa::Avx2Fma {
+        // SAFETY: AVX2+FMA present (Isa); equal lengths checked above.
+        unsafe { x86::avx2::axpy(y, a, x) };
+        return;
+    }
     for (yi, &xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
     }

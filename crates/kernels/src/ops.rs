@@ -20,20 +20,29 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 
 /// `out = silu(gate) * up`.
 pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = g / (1.0 + (-g).exp()) * u;
-    }
+    crate::math::silu_mul(gate, up, out)
 }
 
 /// Softmax in place; returns nothing, handles `-inf` entries.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
+    let masked = x.iter().any(|v| *v == f32::NEG_INFINITY);
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+        *v -= max;
     }
-    let inv = 1.0 / sum;
+    crate::math::exp_in_place(x);
+    if masked {
+        // exp's range clamp would turn -inf into the smallest normal, not 0.
+        x.iter_mut()
+            .filter(|v| **v <= f32::MIN_POSITIVE)
+            .for_each(|v| *v = 0.0);
+    }
+    // Fixed-order sum: 8 lane partials, then the lanes in order.
+    let mut lanes = [0f32; 8];
+    for (i, v) in x.iter().enumerate() {
+        lanes[i % 8] += *v;
+    }
+    let inv = 1.0 / lanes.iter().sum::<f32>();
     for v in x.iter_mut() {
         *v *= inv;
     }

@@ -20,6 +20,31 @@ impl<T> Ptr<T> {
 
 /// Quantizes every block of `x` (outputs are indexed from the first block of `x`).
 fn quantize_blocks(x: &[f32], d: &mut [f32], s: &mut [f32], qsum: &mut [i32], qs: &mut [i8]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::Isa::active() == crate::Isa::Avx2Fma {
+        let nb = x.len() / QK;
+        // SAFETY: AVX2+FMA present; lengths: nb blocks in every output, 32·nb quants.
+        unsafe {
+            crate::x86::avx2::quantize_q8_blocks(
+                x,
+                &mut d[..nb],
+                &mut s[..nb],
+                &mut qsum[..nb],
+                &mut qs[..nb * QK],
+            )
+        };
+        return;
+    }
+    quantize_blocks_portable(x, d, s, qsum, qs)
+}
+
+fn quantize_blocks_portable(
+    x: &[f32],
+    d: &mut [f32],
+    s: &mut [f32],
+    qsum: &mut [i32],
+    qs: &mut [i8],
+) {
     for b in 0..x.len() / QK {
         let xb = &x[b * QK..(b + 1) * QK];
         let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
@@ -104,10 +129,37 @@ impl QuantizedActs {
         }
     }
 
+    /// Quantizes with the portable loop whatever the ISA (tests compare it with the SIMD one).
+    pub fn quantize_portable(x: &[f32], m: usize, k: usize) -> Self {
+        let mut out = Self::zeroed(x, m, k);
+        quantize_blocks_portable(x, &mut out.d, &mut out.s, &mut out.qsum, &mut out.qs);
+        out
+    }
+
     /// Quants of row `r`, block `b`.
     #[inline]
     pub fn block(&self, r: usize, b: usize) -> &[i8] {
         let i = r * self.blocks_per_row + b;
         &self.qs[i * QK..(i + 1) * QK]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn simd_quantization_equals_portable(x in proptest::collection::vec(-50f32..50.0, 32..=256), scale in 0f32..3.0) {
+            let k = x.len() / 32 * 32;
+            let x: Vec<f32> = x[..k].iter().map(|v| v * scale).collect();
+            let a = QuantizedActs::quantize(&x, 1, k);
+            let b = QuantizedActs::quantize_portable(&x, 1, k);
+            prop_assert_eq!(&a.qs, &b.qs);
+            prop_assert_eq!(&a.qsum, &b.qsum);
+            prop_assert_eq!(&a.d, &b.d);
+            prop_assert_eq!(&a.s, &b.s);
+        }
     }
 }

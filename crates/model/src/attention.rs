@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use tessera_runtime::{split_range, ThreadPool};
+use tessera_runtime::ThreadPool;
 
 use crate::batch::BatchMeta;
 use crate::kv::KvStorage;
@@ -25,7 +25,7 @@ impl OutPtr {
 }
 
 thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCORES: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 pub struct AttnShape {
@@ -64,27 +64,47 @@ pub fn attention(
     let units = pool.units();
     pool.run(|unit| {
         SCORES.with(|scores| {
-            let mut scores = scores.borrow_mut();
-            for item in split_range(items, units, unit) {
+            let (scores, offs) = &mut *scores.borrow_mut();
+            // Items interleaved over units: later tokens attend to more positions, so
+            // contiguous ranges would leave the last unit with most of a prefill's work.
+            for item in (unit..items).step_by(units) {
                 let (t, kvh) = (item / nkv, item % nkv);
                 let (s, i) = tokens[t];
                 let chunk = &batch.seqs[s];
-                let pos = chunk.start_pos + i;
-                scores.resize(pos + 1, 0.0);
-                for h in kvh * group..(kvh + 1) * group {
-                    let qh = &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
-                    for (p, sc) in scores.iter_mut().enumerate() {
-                        let off = kv.offset(&chunk.block_table, p) + kvh * hd;
-                        *sc = tessera_kernels::dot(qh, &kbuf[off..off + hd]) * scale;
+                let n = chunk.start_pos + i + 1;
+                scores.resize(group * n, 0.0);
+                let qh = |h: usize| &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
+                // Element offsets of this head's K/V rows for positions 0..n (block tables
+                // make them non-contiguous across blocks).
+                offs.clear();
+                offs.extend((0..n).map(|p| kv.offset(&chunk.block_table, p) + kvh * hd));
+                // Scores of the group's query heads against 4 positions at a time.
+                for h0 in (0..group).step_by(3) {
+                    let nh = (group - h0).min(3);
+                    let hs: [&[f32]; 3] =
+                        std::array::from_fn(|a| qh(kvh * group + h0 + a.min(nh - 1)));
+                    for p0 in (0..n).step_by(4) {
+                        let np = (n - p0).min(4);
+                        let ks: [&[f32]; 4] = std::array::from_fn(|b| {
+                            let off = offs[p0 + b.min(np - 1)];
+                            &kbuf[off..off + hd]
+                        });
+                        tessera_kernels::dot_tile(&hs[..nh], &ks[..np], &mut |a, b, v| {
+                            scores[(h0 + a) * n + p0 + b] = v * scale;
+                        });
                     }
-                    tessera_kernels::ops::softmax(&mut scores);
+                }
+                for g in 0..group {
+                    tessera_kernels::ops::softmax(&mut scores[g * n..(g + 1) * n]);
+                }
+                for g in 0..group {
+                    let h = kvh * group + g;
                     // SAFETY: (t, h) is owned by this work item alone; in bounds of `out`.
                     let o = unsafe {
                         std::slice::from_raw_parts_mut(out_ptr.at(t * q_dim + h * hd), hd)
                     };
                     o.fill(0.0);
-                    for (p, &w) in scores.iter().enumerate() {
-                        let off = kv.offset(&chunk.block_table, p) + kvh * hd;
+                    for (&off, &w) in offs.iter().zip(&scores[g * n..(g + 1) * n]) {
                         tessera_kernels::axpy(o, w, &vbuf[off..off + hd]);
                     }
                 }

@@ -212,3 +212,90 @@ pub unsafe fn tile_f32<const MR: usize, const NR: usize>(
     }
     out
 }
+
+/// `y += a · x` (fused multiply-add per element).
+///
+/// # Safety
+/// AVX2+FMA available; `y.len() == x.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    let n8 = y.len() / 8 * 8;
+    let av = _mm256_set1_ps(a);
+    let (yp, xp) = (y.as_mut_ptr(), x.as_ptr());
+    for i in (0..n8).step_by(8) {
+        _mm256_storeu_ps(
+            yp.add(i),
+            _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i))),
+        );
+    }
+    for i in n8..y.len() {
+        y[i] = a.mul_add(x[i], y[i]);
+    }
+}
+
+/// Quantizes 32-element blocks to 8 bits: per block `d = amax / 127`, `q = round(x / d)`
+/// (half away from zero, as `f32::round`), `Σq`, `s = d · Σq`. Same results as the portable
+/// `quant_acts` loop.
+///
+/// # Safety
+/// AVX2+FMA available; `x.len() == 32 · d.len()`, `qs.len() == x.len()`, and `s`, `qsum`
+/// as long as `d`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn quantize_q8_blocks(
+    x: &[f32],
+    d: &mut [f32],
+    s: &mut [f32],
+    qsum: &mut [i32],
+    qs: &mut [i8],
+) {
+    let sign_mask = _mm256_set1_ps(-0.0);
+    let half = _mm256_set1_ps(0.5);
+    for b in 0..d.len() {
+        let p = x.as_ptr().add(b * 32);
+        let v = [
+            _mm256_loadu_ps(p),
+            _mm256_loadu_ps(p.add(8)),
+            _mm256_loadu_ps(p.add(16)),
+            _mm256_loadu_ps(p.add(24)),
+        ];
+        let mut m = _mm256_andnot_ps(sign_mask, v[0]);
+        for vi in &v[1..] {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign_mask, *vi));
+        }
+        let h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        let h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        let amax = _mm_cvtss_f32(h);
+        let db = amax / 127.0;
+        let id = if db > 0.0 { 1.0 / db } else { 0.0 };
+        let idv = _mm256_set1_ps(id);
+        let mut q32 = [_mm256_setzero_si256(); 4];
+        for j in 0..4 {
+            let y = _mm256_mul_ps(v[j], idv);
+            // round half away from zero: sign(y) · floor(|y| + 0.5)
+            let a = _mm256_floor_ps(_mm256_add_ps(_mm256_andnot_ps(sign_mask, y), half));
+            let r = _mm256_or_ps(a, _mm256_and_ps(y, sign_mask));
+            q32[j] = _mm256_cvtps_epi32(r);
+        }
+        // Pack 32 i32 → 32 i8 in order.
+        let w01 = _mm256_packs_epi32(q32[0], q32[1]);
+        let w23 = _mm256_packs_epi32(q32[2], q32[3]);
+        let bytes = _mm256_packs_epi16(w01, w23);
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(qs.as_mut_ptr().add(b * 32) as *mut __m256i, bytes);
+        let sum_v = _mm256_add_epi32(
+            _mm256_add_epi32(q32[0], q32[1]),
+            _mm256_add_epi32(q32[2], q32[3]),
+        );
+        let sh = _mm_add_epi32(
+            _mm256_castsi256_si128(sum_v),
+            _mm256_extracti128_si256(sum_v, 1),
+        );
+        let sh = _mm_add_epi32(sh, _mm_shuffle_epi32(sh, 0b01_00_11_10));
+        let sh = _mm_add_epi32(sh, _mm_shuffle_epi32(sh, 0b10_11_00_01));
+        let sum = _mm_cvtsi128_si32(sh);
+        d[b] = db;
+        qsum[b] = sum;
+        s[b] = db * sum as f32;
+    }
+}

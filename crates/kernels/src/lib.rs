@@ -66,6 +66,52 @@ pub fn dot_tile(xs: &[&[f32]], ws: &[&[f32]], put: &mut dyn FnMut(usize, usize, 
     )
 }
 
+/// `outs[g] = Σ_p weights[g][p] · v[offs[p]..offs[p] + hd]` for each output `g` (at most 3
+/// share one pass over the rows). Per element, positions are summed in order exactly as
+/// repeated [`axpy`] calls starting from zero would.
+pub fn weighted_rows(outs: &mut [&mut [f32]], weights: &[&[f32]], v: &[f32], offs: &[usize]) {
+    let hd = outs.first().map_or(0, |o| o.len());
+    assert!(outs.len() == weights.len() && outs.len() <= 3);
+    assert!(outs.iter().all(|o| o.len() == hd) && weights.iter().all(|w| w.len() == offs.len()));
+    assert!(
+        offs.iter().all(|&o| o + hd <= v.len()),
+        "weighted_rows: row outside v"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() == Isa::Avx2Fma {
+        let ptrs: Vec<*mut f32> = outs.iter_mut().map(|o| o.as_mut_ptr()).collect();
+        let p = |g: usize| ptrs[g];
+        // SAFETY: AVX2+FMA present (Isa); bounds checked above; distinct `&mut` outputs.
+        unsafe {
+            match ptrs.len() {
+                1 => x86::avx2::weighted_rows::<1>([p(0)], [weights[0]], v, offs, hd),
+                2 => x86::avx2::weighted_rows::<2>(
+                    [p(0), p(1)],
+                    [weights[0], weights[1]],
+                    v,
+                    offs,
+                    hd,
+                ),
+                3 => x86::avx2::weighted_rows::<3>(
+                    [p(0), p(1), p(2)],
+                    [weights[0], weights[1], weights[2]],
+                    v,
+                    offs,
+                    hd,
+                ),
+                _ => {}
+            }
+        }
+        return;
+    }
+    for (o, w) in outs.iter_mut().zip(weights) {
+        o.fill(0.0);
+        for (&off, &wp) in offs.iter().zip(w.iter()) {
+            axpy(o, wp, &v[off..off + hd]);
+        }
+    }
+}
+
 /// `y += a · x`.
 #[inline]
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {

@@ -97,16 +97,22 @@ pub fn attention(
                 for g in 0..group {
                     tessera_kernels::ops::softmax(&mut scores[g * n..(g + 1) * n]);
                 }
-                for g in 0..group {
-                    let h = kvh * group + g;
-                    // SAFETY: (t, h) is owned by this work item alone; in bounds of `out`.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(out_ptr.at(t * q_dim + h * hd), hd)
-                    };
-                    o.fill(0.0);
-                    for (&off, &w) in offs.iter().zip(&scores[g * n..(g + 1) * n]) {
-                        tessera_kernels::axpy(o, w, &vbuf[off..off + hd]);
-                    }
+                let vrows = &vbuf[..];
+                for g0 in (0..group).step_by(3) {
+                    let ng = (group - g0).min(3);
+                    // SAFETY: the (t, head) output slices are owned by this work item alone,
+                    // distinct per head, and inside `out`.
+                    let mut outs: Vec<&mut [f32]> = (g0..g0 + ng)
+                        .map(|g| unsafe {
+                            std::slice::from_raw_parts_mut(
+                                out_ptr.at(t * q_dim + (kvh * group + g) * hd),
+                                hd,
+                            )
+                        })
+                        .collect();
+                    let ws: Vec<&[f32]> =
+                        (g0..g0 + ng).map(|g| &scores[g * n..(g + 1) * n]).collect();
+                    tessera_kernels::weighted_rows(&mut outs, &ws, vrows, offs);
                 }
             }
         });

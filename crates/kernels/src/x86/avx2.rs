@@ -299,3 +299,56 @@ pub unsafe fn quantize_q8_blocks(
         s[b] = db * sum as f32;
     }
 }
+
+/// `outs[g][d] = Σ_p weights[g][p] · v[offs[p] + d]` for up to 3 outputs sharing the rows,
+/// each element accumulated over positions in order with FMA (exactly what repeated
+/// [`axpy`] computes), 32 columns at a time in registers.
+///
+/// # Safety
+/// AVX2+FMA available; every `offs[p] + hd <= v.len()`; each `outs[g]` holds `hd` values and
+/// each `weights[g]` `offs.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn weighted_rows<const G: usize>(
+    outs: [*mut f32; G],
+    weights: [&[f32]; G],
+    v: &[f32],
+    offs: &[usize],
+    hd: usize,
+) {
+    let vp = v.as_ptr();
+    let full = hd / 32 * 32;
+    let mut c0 = 0;
+    while c0 < full {
+        let mut acc = [[_mm256_setzero_ps(); 4]; G];
+        for (p, &off) in offs.iter().enumerate() {
+            let row = vp.add(off + c0);
+            let r = [
+                _mm256_loadu_ps(row),
+                _mm256_loadu_ps(row.add(8)),
+                _mm256_loadu_ps(row.add(16)),
+                _mm256_loadu_ps(row.add(24)),
+            ];
+            for g in 0..G {
+                let w = _mm256_set1_ps(*weights[g].get_unchecked(p));
+                for j in 0..4 {
+                    acc[g][j] = _mm256_fmadd_ps(w, r[j], acc[g][j]);
+                }
+            }
+        }
+        for g in 0..G {
+            for j in 0..4 {
+                _mm256_storeu_ps(outs[g].add(c0 + 8 * j), acc[g][j]);
+            }
+        }
+        c0 += 32;
+    }
+    for c in full..hd {
+        for g in 0..G {
+            let mut a = 0f32;
+            for (p, &off) in offs.iter().enumerate() {
+                a = weights[g][p].mul_add(*vp.add(off + c), a);
+            }
+            *outs[g].add(c) = a;
+        }
+    }
+}

@@ -163,6 +163,9 @@ enum Command {
         /// How many ranked candidates to list.
         #[arg(long, default_value_t = 10)]
         top: usize,
+        /// Also time each listed candidate on synthetic data of the shape.
+        #[arg(long)]
+        measure: bool,
     },
     /// Measure the best plans for the model's shapes and store them in the tuning cache.
     Tune {
@@ -243,6 +246,7 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             precision,
             top,
+            measure,
         } => {
             let dtype = tessera_core::DType::parse(&dtype).with_context(|| {
                 format!("--dtype {dtype:?}: expected f32, f16, bf16, q8_0, q4_0 or q4_1")
@@ -275,8 +279,33 @@ fn run(cli: Cli) -> Result<()> {
                 if tuned { "tuning cache" } else { "cost model" }
             );
             println!("candidates by predicted time:");
+            let timing = measure.then(|| {
+                let pool = tessera_runtime::ThreadPool::new(threads);
+                let w = tessera_engine::tune::synthetic_weight(
+                    dtype,
+                    k,
+                    n,
+                    precision == Precision::Fast,
+                );
+                let x: Vec<f32> = (0..m * k)
+                    .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+                    .collect();
+                (pool, w, x, vec![0f32; m * n])
+            });
+            let mut timing = timing;
             for (i, p) in planner.candidates(&key).iter().take(top).enumerate() {
-                println!("{:>3}. {p}", i + 1);
+                match timing.as_mut() {
+                    Some((pool, w, x, out)) => {
+                        let secs = tessera_engine::tune::time_plan(pool, p, x, m, w, out);
+                        let gflops = 2.0 * (m * k * n) as f64 / secs / 1e9;
+                        println!(
+                            "{:>3}. {p} | measured {:.1} us ({gflops:.1} GFLOP/s)",
+                            i + 1,
+                            secs * 1e6
+                        );
+                    }
+                    None => println!("{:>3}. {p}", i + 1),
+                }
             }
         }
         Command::Tune {

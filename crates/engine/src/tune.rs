@@ -19,30 +19,29 @@ use tessera_runtime::ThreadPool;
 /// The M ladder `tune` covers.
 pub const M_LADDER: [usize; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
 
-/// Distinct (dtype, K, N) of the model's matrix products, the output projection included.
+/// Distinct (dtype, K, N) of the model's matrix products as the forward runs them: q/k/v
+/// fused into one product, gate/up fused, the output and down projections, and the output
+/// embedding.
 pub fn model_shapes(files: &ModelFiles) -> Vec<(DType, usize, usize)> {
-    let linear = |name: &str| {
-        name.starts_with("blk.")
-            && [
-                "attn_q.",
-                "attn_k.",
-                "attn_v.",
-                "attn_output.",
-                "ffn_gate.",
-                "ffn_up.",
-                "ffn_down.",
-            ]
-            .iter()
-            .any(|s| name.contains(s))
-            && name.ends_with(".weight")
-    };
     let mut set = BTreeSet::new();
-    for (name, t) in &files.tensors {
-        let output =
-            name == "output.weight" || (name == "token_embd.weight" && files.config.tie_embeddings);
-        if linear(name) || output {
-            set.insert((t.dtype.ggml_type(), t.cols(), t.rows()));
+    let mut add = |parts: &[&str]| {
+        let ts: Vec<_> = parts.iter().filter_map(|n| files.tensors.get(*n)).collect();
+        if ts.len() == parts.len() && !ts.is_empty() {
+            let n: usize = ts.iter().map(|t| t.rows()).sum();
+            set.insert((ts[0].dtype.ggml_type(), ts[0].cols(), n));
         }
+    };
+    for l in 0..files.config.n_layers {
+        let p = |s: &str| format!("blk.{l}.{s}.weight");
+        add(&[&p("attn_q"), &p("attn_k"), &p("attn_v")]);
+        add(&[&p("attn_output")]);
+        add(&[&p("ffn_gate"), &p("ffn_up")]);
+        add(&[&p("ffn_down")]);
+    }
+    if files.tensors.contains_key("output.weight") && !files.config.tie_embeddings {
+        add(&["output.weight"]);
+    } else {
+        add(&["token_embd.weight"]);
     }
     set.into_iter()
         .map(|(d, k, n)| (DType::from_ggml_type(d).expect("loaded dtype"), k, n))

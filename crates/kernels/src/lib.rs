@@ -1,16 +1,21 @@
-//! Compute kernels over weights in their stored formats.
+//! Compute kernels over weights in their stored formats, and the shape-aware planner that
+//! picks how each matrix product runs.
 //!
 //! - [`isa`]: which instruction set the kernels use, detected once at run time.
 //! - [`generic`]: portable kernels, always complete; the reference for the SIMD ones.
-//! - `x86::avx2`: AVX2+FMA kernels with the same arithmetic (same summation order).
-//! - [`matmul`]: `y = x · Wᵀ` for f32 activations and any stored weight format, parallel
-//!   over the compute units.
-//! - [`ops`]: RMSNorm, SwiGLU, softmax and friends.
+//! - `x86::avx2`, `x86::avx2_q8`: AVX2+FMA kernels with the same arithmetic (same order).
+//! - [`plan`]: tiling and parallel strategies as plain data; [`cost`]: the cost model;
+//!   [`planner`]: candidates, ranking, the tuning cache; [`calibrate`]: machine figures.
+//! - [`gemm`]: executes a plan; [`matmul`]: plan-then-execute, what the model calls.
+//! - [`packed`], [`quant_acts`]: the integer-dot path's weight repack and 8-bit activations.
+//! - [`ops`], [`math`]: RMSNorm, SwiGLU, softmax, vector exp.
 //!
-//! Numerics contract of the exact path: a weight is dequantized to the f32 value the
-//! reference (`tessera_core::blocks`) defines, and each output element is a dot product whose
-//! summation order depends only on K (8 lanes, a fixed lane tree, then the tail), never on M,
-//! N, the thread count or the other rows. That makes every row's result batch-invariant.
+//! Numerics contract: the exact path dequantizes a weight to the f32 value the reference
+//! (`tessera_core::blocks`) defines, and each output element is a dot product whose
+//! summation order depends only on K (8 lanes, a fixed lane tree, then the tail); the fast
+//! path's integer block dots are exact and their scaled sum runs over blocks in order. In
+//! neither does the order depend on M, N, the plan, the thread count or the other rows, so
+//! every row's result is batch invariant.
 
 pub mod calibrate;
 pub mod cost;
@@ -124,5 +129,58 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     }
     for (yi, &xi) in y.iter_mut().zip(x) {
         *yi += a * xi;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn vals(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + seed * 104729) % 2001) as f32 / 1000.0) - 1.0)
+            .collect()
+    }
+
+    proptest! {
+        /// Every tile shape gives each element exactly `dot`'s result.
+        #[test]
+        fn dot_tile_equals_dot(k in 1usize..150, mr in 1usize..5, nr in 1usize..5) {
+            let xs: Vec<Vec<f32>> = (0..mr).map(|i| vals(k, i)).collect();
+            let ws: Vec<Vec<f32>> = (0..nr).map(|j| vals(k, 10 + j)).collect();
+            let xr: Vec<&[f32]> = xs.iter().map(|v| v.as_slice()).collect();
+            let wr: Vec<&[f32]> = ws.iter().map(|v| v.as_slice()).collect();
+            let mut got = vec![f32::NAN; mr * nr];
+            dot_tile(&xr, &wr, &mut |i, j, v| got[i * nr + j] = v);
+            for i in 0..mr {
+                for j in 0..nr {
+                    prop_assert_eq!(got[i * nr + j], dot(&xs[i], &ws[j]));
+                    let exact: f64 = xs[i].iter().zip(&ws[j]).map(|(a, b)| *a as f64 * *b as f64).sum();
+                    prop_assert!((got[i * nr + j] as f64 - exact).abs() < 1e-4 * k as f64);
+                }
+            }
+        }
+
+        /// weighted_rows equals repeated axpy from zero, bitwise, for 1 to 3 outputs.
+        #[test]
+        fn weighted_rows_equals_axpy(hd in 1usize..100, rows in 1usize..20, g in 1usize..4) {
+            let v = vals(hd * (rows + 3), 5);
+            let offs: Vec<usize> = (0..rows).map(|p| ((p * 7) % (rows + 3)) * hd).collect();
+            let ws: Vec<Vec<f32>> = (0..g).map(|i| vals(rows, 20 + i)).collect();
+            let wr: Vec<&[f32]> = ws.iter().map(|w| w.as_slice()).collect();
+            let mut outs: Vec<Vec<f32>> = vec![vec![f32::NAN; hd]; g];
+            {
+                let mut o: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                weighted_rows(&mut o, &wr, &v, &offs);
+            }
+            for i in 0..g {
+                let mut want = vec![0f32; hd];
+                for (p, &off) in offs.iter().enumerate() {
+                    axpy(&mut want, ws[i][p], &v[off..off + hd]);
+                }
+                prop_assert_eq!(&outs[i], &want);
+            }
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! `tessera bench <gemm|model>`: argument definitions and the entry point.
+//! `tessera bench <gemm|model|serve>`: argument definitions and the entry point.
 //!
 //! Wire into the main command as a variant `Bench { #[command(subcommand)] cmd: BenchCommand }`
 //! and call [`run`].
@@ -12,6 +12,7 @@ use tessera_kernels::plan::Precision;
 
 use crate::gemm::{parse_dtypes, parse_families, run_gemm, GemmConfig};
 use crate::model::{run_model, ModelConfig};
+use crate::serve::{parse_range, run_serve, Endpoint, Load, OutputLen, ServeConfig};
 use crate::stats::Repeat;
 
 /// Which arithmetic to benchmark.
@@ -98,6 +99,73 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
+    /// Load generator for an OpenAI-compatible server (Tessera, llama-server, vLLM):
+    /// streaming requests; TTFT, TPOT, latency, throughput and goodput.
+    Serve {
+        /// Base URL of the server, e.g. http://127.0.0.1:8080.
+        #[arg(long)]
+        url: String,
+        /// Model name to send (default: the first id of GET /v1/models, else none).
+        #[arg(long)]
+        model: Option<String>,
+        /// Bearer key for the server.
+        #[arg(long)]
+        api_key: Option<String>,
+        #[arg(long, value_enum, default_value = "completions")]
+        endpoint: Endpoint,
+        /// Clients sending requests back-to-back (default 1). With --rate: the most
+        /// requests in flight.
+        #[arg(long)]
+        concurrency: Option<usize>,
+        /// Poisson arrivals at this many requests/s ("inf": all at once).
+        #[arg(long, conflicts_with = "sweep")]
+        rate: Option<f64>,
+        /// One measurement per concurrency level, comma-separated (e.g. 1,2,4,8,16).
+        #[arg(long, value_delimiter = ',', conflicts_with = "concurrency")]
+        sweep: Option<Vec<usize>>,
+        /// Requests per measurement (default 64 unless --duration is given).
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Stop sending new requests after this many seconds (in-flight ones finish).
+        #[arg(long)]
+        duration: Option<f64>,
+        /// Approximate prompt length: that many random common words.
+        #[arg(long, default_value_t = 100)]
+        prompt_tokens: usize,
+        /// Prompts from a file, one per line, used in turn (instead of random words).
+        #[arg(long)]
+        prompt_file: Option<PathBuf>,
+        /// Output tokens per request (max_tokens with ignore_eos).
+        #[arg(long, default_value_t = 64)]
+        output_tokens: usize,
+        /// Output tokens drawn uniformly from LO:HI (inclusive) instead.
+        #[arg(long, value_name = "LO:HI")]
+        output_tokens_range: Option<String>,
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        /// Time-to-first-token objective for goodput, in ms.
+        #[arg(long, default_value_t = 1000.0)]
+        slo_ttft_ms: f64,
+        /// Time-per-output-token objective for goodput, in ms.
+        #[arg(long, default_value_t = 100.0)]
+        slo_tpot_ms: f64,
+        /// Per-request timeout in seconds (a timed-out request counts as failed).
+        #[arg(long, default_value_t = 300.0)]
+        timeout: f64,
+        /// Untimed sequential requests before measuring.
+        #[arg(long, default_value_t = 0)]
+        warmup: usize,
+        /// One JSON object per measurement on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Write an SVG chart (default file: bench-serve.svg): latency and throughput vs
+        /// concurrency for --sweep, else per-request TTFT/TPOT over time.
+        #[arg(long, num_args = 0..=1, default_missing_value = "bench-serve.svg")]
+        plot: Option<PathBuf>,
+        /// Seed of the prompts, output lengths and arrivals.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
 }
 
 /// Runs a benchmark command.
@@ -161,6 +229,86 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             warmup: !no_warmup,
             seed,
         }),
+        BenchCommand::Serve {
+            url,
+            model,
+            api_key,
+            endpoint,
+            concurrency,
+            rate,
+            sweep,
+            requests,
+            duration,
+            prompt_tokens,
+            prompt_file,
+            output_tokens,
+            output_tokens_range,
+            temperature,
+            slo_ttft_ms,
+            slo_tpot_ms,
+            timeout,
+            warmup,
+            json,
+            plot,
+            seed,
+        } => {
+            if concurrency == Some(0) {
+                anyhow::bail!("--concurrency must be positive");
+            }
+            let loads = match (sweep, rate) {
+                (Some(levels), _) => {
+                    if levels.is_empty() || levels.contains(&0) {
+                        anyhow::bail!("--sweep needs positive concurrency levels");
+                    }
+                    levels.into_iter().map(Load::Concurrency).collect()
+                }
+                (None, Some(rate)) => {
+                    if rate.is_nan() || rate <= 0.0 {
+                        anyhow::bail!("--rate must be positive");
+                    }
+                    vec![Load::Rate {
+                        rate,
+                        max_concurrency: concurrency,
+                    }]
+                }
+                (None, None) => vec![Load::Concurrency(concurrency.unwrap_or(1))],
+            };
+            let duration = match duration {
+                Some(d) if d.is_finite() && d > 0.0 => Some(Duration::from_secs_f64(d)),
+                Some(_) => anyhow::bail!("--duration must be a positive number of seconds"),
+                None => None,
+            };
+            if !(timeout.is_finite() && timeout > 0.0) {
+                anyhow::bail!("--timeout must be a positive number of seconds");
+            }
+            let output = match output_tokens_range {
+                Some(r) => parse_range(&r)?,
+                None => OutputLen::Fixed(output_tokens),
+            };
+            run_serve(&ServeConfig {
+                url,
+                model,
+                api_key,
+                endpoint,
+                loads,
+                requests: match (requests, duration) {
+                    (None, None) => Some(64),
+                    (r, _) => r,
+                },
+                duration,
+                prompt_tokens,
+                prompt_file,
+                output,
+                temperature,
+                slo_ttft_ms,
+                slo_tpot_ms,
+                timeout: Duration::from_secs_f64(timeout),
+                warmup,
+                json,
+                plot,
+                seed,
+            })
+        }
     }
 }
 
@@ -226,5 +374,83 @@ mod tests {
             }
             _ => panic!("not model"),
         }
+    }
+
+    #[test]
+    fn serve_defaults_and_modes() {
+        let c = Cli::parse_from(["x", "serve", "--url", "http://h:1"]);
+        match c.cmd {
+            BenchCommand::Serve {
+                endpoint,
+                concurrency,
+                rate,
+                requests,
+                prompt_tokens,
+                output_tokens,
+                temperature,
+                slo_ttft_ms,
+                slo_tpot_ms,
+                ..
+            } => {
+                assert_eq!(endpoint, Endpoint::Completions);
+                assert_eq!((concurrency, rate, requests), (None, None, None));
+                assert_eq!((prompt_tokens, output_tokens), (100, 64));
+                assert_eq!(
+                    (temperature, slo_ttft_ms, slo_tpot_ms),
+                    (0.0, 1000.0, 100.0)
+                );
+            }
+            _ => panic!("not serve"),
+        }
+        let c = Cli::parse_from([
+            "x",
+            "serve",
+            "--url",
+            "u",
+            "--sweep",
+            "1,2,4",
+            "--endpoint",
+            "chat",
+            "--plot",
+        ]);
+        match c.cmd {
+            BenchCommand::Serve {
+                sweep,
+                endpoint,
+                plot,
+                ..
+            } => {
+                assert_eq!(sweep, Some(vec![1, 2, 4]));
+                assert_eq!(endpoint, Endpoint::Chat);
+                assert_eq!(plot, Some(PathBuf::from("bench-serve.svg")));
+            }
+            _ => panic!("not serve"),
+        }
+        assert!(
+            Cli::try_parse_from(["x", "serve", "--url", "u", "--sweep", "1", "--rate", "2"])
+                .is_err()
+        );
+        assert!(Cli::try_parse_from([
+            "x",
+            "serve",
+            "--url",
+            "u",
+            "--sweep",
+            "1",
+            "--concurrency",
+            "2"
+        ])
+        .is_err());
+        assert!(Cli::try_parse_from([
+            "x",
+            "serve",
+            "--url",
+            "u",
+            "--rate",
+            "2",
+            "--concurrency",
+            "4"
+        ])
+        .is_ok());
     }
 }

@@ -6,6 +6,8 @@
 //!   (f32, loaded at run time when installed), against the machine's measured peak FMA
 //!   throughput and DRAM bandwidth.
 //! - `model`: llama-bench-style prompt processing and generation throughput of a model.
+//! - `serve`: a load generator for OpenAI-compatible servers (TTFT, TPOT, throughput,
+//!   goodput), with concurrency sweeps.
 //!
 //! [`cli`] holds the argument definitions and the entry point; the pure helpers (medians,
 //! geometric means, the best-fixed-strategy choice) live in [`stats`].
@@ -15,4 +17,6 @@ pub mod gemm;
 pub mod model;
 pub mod openblas;
 pub mod plot;
+pub mod serve;
+pub mod serve_plot;
 pub mod stats;

@@ -277,6 +277,9 @@ impl Loop {
     fn step(&mut self) {
         let plan = self.sched.schedule();
         self.metrics.steps.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .preemptions
+            .fetch_add(plan.preempted.len() as u64, Ordering::Relaxed);
         for &(id, reason) in &plan.finished {
             self.complete(id, reason, None);
         }

@@ -58,6 +58,7 @@ pub struct Metrics {
     pub requests_finished: AtomicU64,
     pub requests_rejected: AtomicU64,
     pub steps: AtomicU64,
+    pub preemptions: AtomicU64,
     pub ttft: Histogram,
     pub tpot: Histogram,
     pub started: Mutex<Option<std::time::Instant>>,
@@ -142,6 +143,12 @@ impl Metrics {
             "tessera_engine_steps_total",
             "Engine steps run.",
             l(&self.steps),
+        );
+        counter(
+            &mut s,
+            "tessera_preemptions_total",
+            "Sequences preempted (KV freed, recomputed later).",
+            l(&self.preemptions),
         );
         let up = self
             .started

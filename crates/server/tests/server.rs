@@ -369,3 +369,57 @@ async fn cancellations_free_every_block() {
     s.assert_drained().await;
     assert_eq!(s.metric("tessera_requests_waiting").await, 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_then_recompute_gives_the_same_greedy_tokens() {
+    // 14 blocks of 16 positions cannot hold four ~70-token prompts plus their outputs at
+    // once: the scheduler must preempt and later recompute some of them.
+    let s = start(
+        |c| {
+            c.num_blocks = 14;
+            c.max_num_seqs = 4;
+            c.max_num_batched_tokens = 128;
+        },
+        None,
+    )
+    .await;
+    // Distinct prompts (no shared prefix blocks) of roughly 70 tokens.
+    let prompts: Vec<String> = (0..4)
+        .map(|i| {
+            let words: Vec<String> = (0..30)
+                .map(|j| format!("item{}", (i * 31 + j * 7) % 97))
+                .collect();
+            format!("List {i}: {}. Next:", words.join(" "))
+        })
+        .collect();
+    let mut alone = vec![];
+    for p in &prompts {
+        let (st, v) = s.post("/v1/completions", greedy(p, 24)).await;
+        assert_eq!(st, 200, "{v}");
+        alone.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    let mut tasks = vec![];
+    for p in prompts.clone() {
+        let s2 = Server {
+            base: s.base.clone(),
+            client: s.client.clone(),
+        };
+        tasks.push(tokio::spawn(async move {
+            s2.post("/v1/completions", greedy(&p, 24)).await
+        }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (st, v) = t.await.unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["text"].as_str().unwrap(),
+            alone[i],
+            "request {i} changed under preemption"
+        );
+    }
+    assert!(
+        s.metric("tessera_preemptions_total").await > 0.0,
+        "the test did not force a preemption"
+    );
+    s.assert_drained().await;
+}

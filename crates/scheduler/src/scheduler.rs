@@ -5,7 +5,9 @@
 //! A step is built in three passes, each spending the same budget:
 //! 1. one decode token for every running sequence that is caught up (admission order);
 //! 2. the next chunk of every running sequence still behind (unfinished prefill, or a resumed
-//!    one recomputing), at most `max_prefill_chunk`, end rounded down to `chunk_align`;
+//!    one recomputing), at most `max_prefill_chunk`, end rounded down to `chunk_align`; while
+//!    admissible requests wait, these chunks leave half the budget free for pass 3, so a short
+//!    request is not queued behind a long prompt's whole prefill;
 //! 3. admissions from the waiting queue (see [`crate::policy`]) with a prefix-cache lookup,
 //!    cached tokens counting as computed, while budget, `max_num_seqs` and blocks allow. The
 //!    first request that does not fit stops admission (no overtaking), and nothing is admitted
@@ -185,7 +187,16 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut picks: Vec<Pick> = Vec::new();
         let mut preempted: Vec<u64> = Vec::new();
+        let mut deferred: Vec<u64> = Vec::new();
 
+        // While requests wait and could be admitted, partial prefills of running sequences
+        // leave half the budget to them: a short request arriving during a long prompt's
+        // prefill starts in the next step instead of after the whole prompt.
+        let reserve = if !self.waiting.is_empty() && self.running.len() < self.cfg.max_num_seqs {
+            self.cfg.max_num_batched_tokens / 2
+        } else {
+            0
+        };
         // Passes 1 and 2: running sequences, decodes first.
         for decode_pass in [true, false] {
             for id in self.running.clone() {
@@ -200,8 +211,16 @@ impl Scheduler {
                     continue;
                 }
                 let start = st.num_computed;
-                let len = self.chunk_len(start, remaining, budget);
+                let avail = if decode_pass {
+                    budget
+                } else {
+                    budget.saturating_sub(reserve)
+                };
+                let len = self.chunk_len(start, remaining, avail);
                 if len == 0 {
+                    if !decode_pass && reserve > 0 {
+                        deferred.push(id);
+                    }
                     continue;
                 }
                 if self.grow_or_preempt(id, start + len, &mut picks, &mut budget, &mut preempted) {
@@ -214,6 +233,25 @@ impl Scheduler {
         // Pass 3: admissions.
         if preempted.is_empty() {
             self.admit(&mut picks, &mut budget);
+        }
+
+        // Pass 2 again for chunks the reserve held back, with what admissions left over, so
+        // running prefills always progress when nothing could be admitted.
+        for id in deferred {
+            let Some(st) = self.seqs.get(&id) else {
+                continue;
+            };
+            if st.status != Status::Running || picks.iter().any(|p| p.id == id) {
+                continue;
+            }
+            let (start, remaining) = (st.num_computed, st.remaining());
+            let len = self.chunk_len(start, remaining, budget);
+            if len > 0
+                && self.grow_or_preempt(id, start + len, &mut picks, &mut budget, &mut preempted)
+            {
+                picks.push(Pick { id, start, len });
+                budget -= len;
+            }
         }
 
         let plan = self.build_plan(picks, preempted);

@@ -521,3 +521,31 @@ fn validate_catches_broken_plans() {
     p.preempted.push(1);
     assert!(p.validate(&limits).is_err());
 }
+
+#[test]
+fn short_request_starts_next_step_during_a_long_prefill() {
+    let mut c = cfg(512, 4);
+    c.max_model_len = 2048;
+    c.max_num_batched_tokens = 64;
+    c.max_prefill_chunk = 64;
+    let mut s = Scheduler::new(c).unwrap();
+    s.add_request(req(1, 1000, 4)).unwrap();
+    let first = step(&mut s);
+    assert_eq!(
+        first.get(1).unwrap().tokens.len(),
+        64,
+        "alone, the long prompt takes the budget"
+    );
+    s.add_request(req(2, 20, 4)).unwrap();
+    let p = step(&mut s);
+    // The long prefill left half the budget, and the short prompt fits in it whole.
+    let short = p
+        .get(2)
+        .expect("the short request is admitted in the very next step");
+    assert_eq!(short.tokens.len(), 20);
+    assert!(short.wants_logits);
+    assert_eq!(p.get(1).unwrap().tokens.len(), 32);
+    // Once nothing waits, the long prompt gets the whole budget again (minus the decode).
+    let p = step(&mut s);
+    assert_eq!(p.get(1).unwrap().tokens.len(), 63);
+}

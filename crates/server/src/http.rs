@@ -123,10 +123,8 @@ fn check_prompt_len(state: &AppState, ids: &[u32]) -> Result<(), ApiError> {
             format!("the prompt has {} tokens; this model's context holds {} (including at least one generated token)", ids.len(), state.max_model_len),
         ));
     }
-    if let Some(&t) = ids
-        .iter()
-        .find(|&&t| t as usize >= state.tokenizer.vocab_size())
-    {
+    let vocab = state.tokenizer.vocab_size();
+    if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::invalid(
             "prompt",
             format!("token id {t} is outside the vocabulary"),

@@ -21,6 +21,8 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     add_bos: bool,
     chat: Option<ChatTemplate>,
+    /// Cached: `tokenizers` rebuilds its whole vocabulary map to count it.
+    vocab_size: usize,
 }
 
 fn tok_err(e: impl std::fmt::Display) -> Error {
@@ -34,12 +36,14 @@ impl Tokenizer {
             other => gguf::tokenizer_json(other)?.to_string(),
         };
         let inner: tokenizers::Tokenizer = json.parse().map_err(tok_err)?;
+        let vocab_size = inner.get_vocab_size(true);
         let mut t = Tokenizer {
             inner,
             bos_id: spec.bos_id,
             eos_ids: spec.eos_ids.clone(),
             add_bos: spec.add_bos,
             chat: None,
+            vocab_size,
         };
         if let Some(src) = &spec.chat_template {
             let bos = t
@@ -78,7 +82,7 @@ impl Tokenizer {
     }
 
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     pub fn token_text(&self, id: u32) -> Option<String> {

@@ -46,17 +46,36 @@ unsafe fn fma_loop(iters: usize) -> f32 {
     use std::arch::x86_64::*;
     let a = _mm256_set1_ps(0.999_999);
     let b = _mm256_set1_ps(1e-7);
-    let mut acc = [_mm256_set1_ps(1.0); 10];
+    // Ten independent chains in named registers (an array may be kept in memory, which adds
+    // store-forwarding latency to every chain).
+    let (mut v0, mut v1, mut v2, mut v3, mut v4) = (
+        _mm256_set1_ps(1.0),
+        _mm256_set1_ps(1.1),
+        _mm256_set1_ps(1.2),
+        _mm256_set1_ps(1.3),
+        _mm256_set1_ps(1.4),
+    );
+    let (mut v5, mut v6, mut v7, mut v8, mut v9) = (
+        _mm256_set1_ps(1.5),
+        _mm256_set1_ps(1.6),
+        _mm256_set1_ps(1.7),
+        _mm256_set1_ps(1.8),
+        _mm256_set1_ps(1.9),
+    );
     for _ in 0..iters {
-        for v in acc.iter_mut() {
-            *v = _mm256_fmadd_ps(*v, a, b);
-        }
+        v0 = _mm256_fmadd_ps(v0, a, b);
+        v1 = _mm256_fmadd_ps(v1, a, b);
+        v2 = _mm256_fmadd_ps(v2, a, b);
+        v3 = _mm256_fmadd_ps(v3, a, b);
+        v4 = _mm256_fmadd_ps(v4, a, b);
+        v5 = _mm256_fmadd_ps(v5, a, b);
+        v6 = _mm256_fmadd_ps(v6, a, b);
+        v7 = _mm256_fmadd_ps(v7, a, b);
+        v8 = _mm256_fmadd_ps(v8, a, b);
+        v9 = _mm256_fmadd_ps(v9, a, b);
     }
-    let mut s = 0.0;
-    for v in acc {
-        s += _mm256_cvtss_f32(v);
-    }
-    s
+    let s = [v0, v1, v2, v3, v4, v5, v6, v7, v8, v9];
+    s.iter().map(|v| _mm256_cvtss_f32(*v)).sum()
 }
 
 /// Streaming read bandwidth of all units over a buffer much larger than the caches, GB/s.

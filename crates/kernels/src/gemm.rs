@@ -8,7 +8,7 @@
 use std::cell::RefCell;
 
 use tessera_core::WeightTensor;
-use tessera_runtime::{split_range, split_range_aligned, ThreadPool};
+use tessera_runtime::{split_range, split_range_aligned, DisjointMut, ThreadPool};
 
 use crate::generic;
 use crate::isa::Isa;
@@ -80,17 +80,6 @@ impl GemmWeight {
     }
 }
 
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: units write disjoint (row, column) ranges of the output.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
 thread_local! {
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -117,7 +106,7 @@ pub fn execute(
     let isa = Isa::active();
     let (m_parts, n_parts) = plan.parallel.parts();
     let units = (m_parts * n_parts).min(pool.units()).max(1);
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = DisjointMut::new(out);
     match plan.tile.family {
         KernelFamily::F32Dot => pool.run(|u| {
             if u >= units {
@@ -156,7 +145,7 @@ fn f32dot_range(
     bias: Option<&[f32]>,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
-    out: OutPtr,
+    out: DisjointMut<f32>,
 ) {
     let t = &plan.tile;
     PANEL.with(|panel| {
@@ -191,7 +180,7 @@ fn f32dot_range(
                             let (row, col) = (m0 + i + a, n0 + j + b);
                             let v = v + bias.map_or(0.0, |bs| bs[col]);
                             // SAFETY: (row, col) lies in this unit's disjoint ranges.
-                            unsafe { *out.at(row * n + col) = v };
+                            unsafe { out.write(row * n + col, v) };
                         });
                         i += mr;
                     }
@@ -293,7 +282,7 @@ fn q8_range(
     bias: Option<&[f32]>,
     rows: std::ops::Range<usize>,
     groups: std::ops::Range<usize>,
-    out: OutPtr,
+    out: DisjointMut<f32>,
 ) {
     let t = &plan.tile;
     let gc = (t.nc / GROUP).max(1);
@@ -303,7 +292,7 @@ fn q8_range(
             if col < n {
                 let v = v + bias.map_or(0.0, |bs| bs[col]);
                 // SAFETY: (row, col) lies in this unit's disjoint ranges.
-                unsafe { *out.at(row * n + col) = v };
+                unsafe { out.write(row * n + col, v) };
             }
         }
     };

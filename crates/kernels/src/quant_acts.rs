@@ -5,18 +5,7 @@
 //! Q4_1's minimum). Quantization is row-local, so a row's quants do not depend on the batch.
 
 use tessera_core::blocks::QK;
-use tessera_runtime::{split_range, ThreadPool};
-
-#[derive(Clone, Copy)]
-struct Ptr<T>(*mut T);
-// SAFETY: used only to hand disjoint ranges of one buffer to different units.
-unsafe impl<T> Send for Ptr<T> {}
-unsafe impl<T> Sync for Ptr<T> {}
-impl<T> Ptr<T> {
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
+use tessera_runtime::{split_range, DisjointMut, ThreadPool};
 
 /// Quantizes every block of `x` (outputs are indexed from the first block of `x`).
 fn quantize_blocks(x: &[f32], d: &mut [f32], s: &mut [f32], qsum: &mut [i32], qs: &mut [i8]) {
@@ -87,10 +76,10 @@ impl QuantizedActs {
             quantize_blocks(x, &mut out.d, &mut out.s, &mut out.qsum, &mut out.qs);
             return out;
         }
-        let d = Ptr(out.d.as_mut_ptr());
-        let s = Ptr(out.s.as_mut_ptr());
-        let qsum = Ptr(out.qsum.as_mut_ptr());
-        let qs = Ptr(out.qs.as_mut_ptr());
+        let d = DisjointMut::new(&mut out.d);
+        let s = DisjointMut::new(&mut out.s);
+        let qsum = DisjointMut::new(&mut out.qsum);
+        let qs = DisjointMut::new(&mut out.qs);
         let units = pool.units();
         pool.run(|u| {
             let rows = split_range(m, units, u);
@@ -101,10 +90,10 @@ impl QuantizedActs {
             unsafe {
                 quantize_blocks(
                     &x[b0 * QK..b1 * QK],
-                    std::slice::from_raw_parts_mut(d.get().add(b0), n),
-                    std::slice::from_raw_parts_mut(s.get().add(b0), n),
-                    std::slice::from_raw_parts_mut(qsum.get().add(b0), n),
-                    std::slice::from_raw_parts_mut(qs.get().add(b0 * QK), n * QK),
+                    d.slice(b0, n),
+                    s.slice(b0, n),
+                    qsum.slice(b0, n),
+                    qs.slice(b0 * QK, n * QK),
                 )
             }
         });

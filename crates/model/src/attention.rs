@@ -8,21 +8,10 @@
 
 use std::cell::RefCell;
 
-use tessera_runtime::ThreadPool;
+use tessera_runtime::{DisjointMut, ThreadPool};
 
 use crate::batch::BatchMeta;
 use crate::kv::KvStorage;
-
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: work items write disjoint (token, head) slices of the output.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
 
 thread_local! {
     static SCORES: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
@@ -60,7 +49,7 @@ pub fn attention(
         .collect();
     let items = tokens.len() * nkv;
     let (kbuf, vbuf) = kv.layer(layer);
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = DisjointMut::new(out);
     let units = pool.units();
     pool.run(|unit| {
         SCORES.with(|scores| {
@@ -103,12 +92,7 @@ pub fn attention(
                     // SAFETY: the (t, head) output slices are owned by this work item alone,
                     // distinct per head, and inside `out`.
                     let mut outs: Vec<&mut [f32]> = (g0..g0 + ng)
-                        .map(|g| unsafe {
-                            std::slice::from_raw_parts_mut(
-                                out_ptr.at(t * q_dim + (kvh * group + g) * hd),
-                                hd,
-                            )
-                        })
+                        .map(|g| unsafe { out_ptr.slice(t * q_dim + (kvh * group + g) * hd, hd) })
                         .collect();
                     let ws: Vec<&[f32]> =
                         (g0..g0 + ng).map(|g| &scores[g * n..(g + 1) * n]).collect();

@@ -6,7 +6,7 @@ use tessera_core::{Error, Result, WeightTensor};
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::ops;
 use tessera_kernels::plan::Precision;
-use tessera_runtime::split_range;
+use tessera_runtime::{split_range, DisjointMut};
 
 use crate::attention::{attention, AttnShape};
 use crate::batch::{BatchMeta, Logits, LogitsFor};
@@ -70,20 +70,6 @@ fn stacked(
         v.push((w, files.tensors.get(&format!("{name}.bias")), out));
     }
     Ok(Box::new(DenseLinear::stacked(v, inp, repack)?))
-}
-
-/// A raw pointer for parallel row-wise writes into disjoint rows.
-#[derive(Clone, Copy)]
-struct RowsPtr(*mut f32);
-// SAFETY: each unit writes only the rows of its own range.
-unsafe impl Send for RowsPtr {}
-unsafe impl Sync for RowsPtr {}
-impl RowsPtr {
-    fn rows(self, start: usize, len: usize) -> &'static mut [f32] {
-        // SAFETY: callers pass ranges inside the buffer they derived this pointer from, and
-        // the buffer outlives the parallel operation that uses the slice.
-        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
-    }
 }
 
 impl LlamaModel {
@@ -195,11 +181,13 @@ impl LlamaModel {
             .iter()
             .flat_map(|s| s.tokens.iter().copied())
             .collect();
-        let xp = RowsPtr(x.as_mut_ptr());
+        let xp = DisjointMut::new(&mut x);
+        // SAFETY (every `slice` below): unit `u` touches only the rows of
+        // `split_range(m, units, u)`, disjoint from the other units' rows.
         pool.run(|u| {
             for t in split_range(m, units, u) {
                 self.embed
-                    .dequantize_row(tokens[t] as usize, xp.rows(t * h, h));
+                    .dequantize_row(tokens[t] as usize, unsafe { xp.slice(t * h, h) });
             }
         });
 
@@ -220,11 +208,11 @@ impl LlamaModel {
             rms_rows(ctx, &x, &layer.attn_norm, c.rms_eps, h, &mut hbuf);
             layer.qkv.forward(ctx, &hbuf, m, &mut qkv);
             // RoPE on each row's q and k parts.
-            let qp = RowsPtr(qkv.as_mut_ptr());
+            let qp = DisjointMut::new(&mut qkv);
             pool.run(|u| {
                 let mut cs = Vec::new();
                 for t in split_range(m, units, u) {
-                    let row = qp.rows(t * qkvd, qd + kvd);
+                    let row = unsafe { qp.slice(t * qkvd, qd + kvd) };
                     let (qr, kr) = row.split_at_mut(qd);
                     self.rope.apply(qr, c.head_dim, positions[t], &mut cs);
                     self.rope.apply(kr, c.head_dim, positions[t], &mut cs);
@@ -249,12 +237,12 @@ impl LlamaModel {
 
             rms_rows(ctx, &x, &layer.ffn_norm, c.rms_eps, h, &mut hbuf);
             layer.gate_up.forward(ctx, &hbuf, m, &mut gu);
-            let ap = RowsPtr(act.as_mut_ptr());
+            let ap = DisjointMut::new(&mut act);
             let gur = &gu;
             pool.run(|u| {
                 for t in split_range(m, units, u) {
                     let row = &gur[t * 2 * ff..(t + 1) * 2 * ff];
-                    ops::swiglu_into(&row[..ff], &row[ff..], ap.rows(t * ff, ff));
+                    ops::swiglu_into(&row[..ff], &row[ff..], unsafe { ap.slice(t * ff, ff) });
                 }
             });
             layer.down.forward(ctx, &act, m, &mut tmp);
@@ -302,10 +290,12 @@ fn offset_in(table: &[u32], pos: usize, block: usize, kvd: usize) -> usize {
 fn rms_rows(ctx: &ExecCtx, x: &[f32], w: &[f32], eps: f32, h: usize, out: &mut [f32]) {
     let m = x.len() / h;
     let units = ctx.pool.units();
-    let op = RowsPtr(out.as_mut_ptr());
+    let op = DisjointMut::new(out);
     ctx.pool.run(|u| {
         for t in split_range(m, units, u) {
-            ops::rms_norm(&x[t * h..(t + 1) * h], w, eps, op.rows(t * h, h));
+            ops::rms_norm(&x[t * h..(t + 1) * h], w, eps, unsafe {
+                op.slice(t * h, h)
+            });
         }
     });
 }

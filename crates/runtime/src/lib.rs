@@ -51,3 +51,56 @@ mod tests {
         }
     }
 }
+
+/// A mutable buffer shared by the units of one parallel operation, each unit touching only
+/// its own disjoint elements (rows, columns, blocks). It replaces a raw pointer per call
+/// site; the bounds are checked, the disjointness is the caller's promise.
+pub struct DisjointMut<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _buf: std::marker::PhantomData<&'a mut [T]>,
+}
+
+impl<T> Clone for DisjointMut<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DisjointMut<'_, T> {}
+// SAFETY: units only touch disjoint elements (the `slice`/`write` contract), so sharing the
+// pointer across threads is as safe as splitting the slice would be.
+unsafe impl<T: Send> Send for DisjointMut<'_, T> {}
+unsafe impl<T: Send> Sync for DisjointMut<'_, T> {}
+
+impl<'a, T> DisjointMut<'a, T> {
+    pub fn new(buf: &'a mut [T]) -> Self {
+        DisjointMut {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            _buf: std::marker::PhantomData,
+        }
+    }
+
+    /// Elements `start..start + len`.
+    ///
+    /// # Safety
+    /// No other unit reads or writes these elements while the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, start: usize, len: usize) -> &'a mut [T] {
+        assert!(
+            start.checked_add(len).is_some_and(|e| e <= self.len),
+            "DisjointMut: {start}+{len} out of {}",
+            self.len
+        );
+        std::slice::from_raw_parts_mut(self.ptr.add(start), len)
+    }
+
+    /// Writes element `i`.
+    ///
+    /// # Safety
+    /// No other unit touches element `i` during the operation.
+    pub unsafe fn write(&self, i: usize, v: T) {
+        assert!(i < self.len, "DisjointMut: {i} out of {}", self.len);
+        self.ptr.add(i).write(v)
+    }
+}

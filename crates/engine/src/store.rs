@@ -53,6 +53,7 @@ pub fn resolve_model(explicit: Option<&Path>) -> Result<PathBuf> {
     if p.exists() {
         return Ok(p);
     }
+    // Threads racing here serialise in `pull_default`; the later ones find the file there.
     eprintln!("default model not cached yet; fetching it (tessera pull)");
     pull_default()
 }
@@ -75,8 +76,12 @@ fn python() -> String {
     std::env::var("TESSERA_PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
+/// Serialises pulls within the process (tests resolve the default model from many threads).
+static PULL_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Fetches the default model into the cache (idempotent) and returns its path.
 pub fn pull_default() -> Result<PathBuf> {
+    let _guard = PULL_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let dest = default_model_path();
     if dest.exists() {
         let size = std::fs::metadata(&dest)

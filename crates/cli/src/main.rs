@@ -11,7 +11,6 @@ use tessera_engine::generate::{generate, GenerateRequest};
 use tessera_engine::{store, Engine, SamplingParams};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
-use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_tokenizer::ChatMessage;
 
 #[derive(Parser)]
@@ -439,22 +438,8 @@ fn run(cli: Cli) -> Result<()> {
             model,
         } => {
             let engine = load(&model, Precision::Exact)?;
-            let seq = SeqChunk {
-                tokens: tokens.clone(),
-                start_pos: 0,
-                block_table: vec![],
-                logits: LogitsFor::All,
-            };
             let n = tokens.len();
-            let mut kv = engine.model.new_kv_storage(16, n.div_ceil(16))?;
-            let seq = SeqChunk {
-                block_table: (0..kv.num_blocks() as u32).collect(),
-                ..seq
-            };
-            let logits =
-                engine
-                    .model
-                    .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &engine.ctx())?;
+            let logits = engine.logits_all(&tokens)?;
             let argmax: Vec<u32> = (0..n)
                 .map(|i| tessera_engine::sampling::argmax(logits.row(i)))
                 .collect();

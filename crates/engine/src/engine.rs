@@ -7,7 +7,7 @@ use std::time::Instant;
 use tessera_core::Result;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
-use tessera_model::{ExecCtx, LlamaModel};
+use tessera_model::{BatchMeta, ExecCtx, LlamaModel, Logits, LogitsFor, SeqChunk};
 use tessera_runtime::ThreadPool;
 use tessera_tokenizer::Tokenizer;
 
@@ -63,6 +63,23 @@ impl Engine {
             precision,
             load_secs: t0.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Logits at every position of `tokens`, from an empty cache in one forward (numerics
+    /// checks, perplexity).
+    pub fn logits_all(&self, tokens: &[u32]) -> Result<Logits> {
+        const BLOCK: usize = 16;
+        let mut kv = self
+            .model
+            .new_kv_storage(BLOCK, tokens.len().div_ceil(BLOCK).max(1))?;
+        let seq = SeqChunk {
+            tokens: tokens.to_vec(),
+            start_pos: 0,
+            block_table: (0..kv.num_blocks() as u32).collect(),
+            logits: LogitsFor::All,
+        };
+        self.model
+            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &self.ctx())
     }
 
     pub fn ctx(&self) -> ExecCtx<'_> {

@@ -6,9 +6,7 @@
 use std::time::Instant;
 
 use tessera_core::{Error, Result};
-use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 
-use crate::generate::BLOCK_SIZE;
 use crate::sampling::logprob;
 use crate::Engine;
 
@@ -54,10 +52,6 @@ pub fn perplexity(
     } else {
         None
     };
-    let mut kv = engine
-        .model
-        .new_kv_storage(BLOCK_SIZE, ctx.div_ceil(BLOCK_SIZE))?;
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
     let first = ctx / 2;
     let (mut nll, mut count) = (0f64, 0usize);
     let mut running = vec![];
@@ -67,16 +61,7 @@ pub fn perplexity(
         if let Some(b) = bos {
             chunk[0] = b;
         }
-        let seq = SeqChunk {
-            tokens: chunk.clone(),
-            start_pos: 0,
-            block_table: table.clone(),
-            logits: LogitsFor::All,
-        };
-        let logits =
-            engine
-                .model
-                .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &engine.ctx())?;
+        let logits = engine.logits_all(&chunk)?;
         for j in first..ctx - 1 {
             nll -= logprob(logits.row(j), tokens[c * ctx + j + 1] as usize);
             count += 1;

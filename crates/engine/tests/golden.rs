@@ -12,7 +12,6 @@ use serde_json::Value;
 use tessera_engine::generate::{generate, GenerateRequest};
 use tessera_engine::sampling::argmax;
 use tessera_engine::{store, Engine, SamplingParams};
-use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_tokenizer::ChatMessage;
 
 fn golden() -> Value {
@@ -62,17 +61,7 @@ fn golden_numerics_match_transformers() {
         );
 
         let n = want_ids.len();
-        let mut kv = e.model.new_kv_storage(16, n.div_ceil(16)).unwrap();
-        let seq = SeqChunk {
-            tokens: want_ids.clone(),
-            start_pos: 0,
-            block_table: (0..kv.num_blocks() as u32).collect(),
-            logits: LogitsFor::All,
-        };
-        let logits = e
-            .model
-            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
-            .unwrap();
+        let logits = e.logits_all(&want_ids).unwrap();
         let want_argmax = ids(&p["argmax"]);
         let margins: Vec<f64> = p["margin"]
             .as_array()
@@ -186,17 +175,7 @@ fn fast_precision_stays_close_to_transformers() {
         let name = p["name"].as_str().unwrap();
         let want_ids = ids(&p["ids"]);
         let n = want_ids.len();
-        let mut kv = e.model.new_kv_storage(16, n.div_ceil(16)).unwrap();
-        let seq = SeqChunk {
-            tokens: want_ids,
-            start_pos: 0,
-            block_table: (0..kv.num_blocks() as u32).collect(),
-            logits: LogitsFor::All,
-        };
-        let logits = e
-            .model
-            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
-            .unwrap();
+        let logits = e.logits_all(&want_ids).unwrap();
         let last = logits.row(n - 1);
         let mut worst = 0f64;
         for pair in p["top20"].as_array().unwrap() {

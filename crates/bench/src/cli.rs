@@ -98,6 +98,12 @@ pub enum BenchCommand {
         /// Seed of the random prompt.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Run every layer's stages over this many sub-batches of each step.
+        #[arg(long, default_value_t = 1)]
+        sub_batches: usize,
+        /// How sub-batches are cut: sequence (whole sequences) or tokens.
+        #[arg(long, default_value = "sequence")]
+        split_by: tessera_engine::SplitBy,
     },
     /// Load generator for an OpenAI-compatible server (Tessera, llama-server, vLLM):
     /// streaming requests; TTFT, TPOT, latency, throughput and goodput.
@@ -217,6 +223,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             tg_after_prompt,
             no_warmup,
             seed,
+            sub_batches,
+            split_by,
         } => run_model(&ModelConfig {
             model,
             prompt_tokens,
@@ -228,6 +236,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             tg_after_prompt,
             warmup: !no_warmup,
             seed,
+            sub_batching: tessera_engine::SubBatching::new(sub_batches, split_by)
+                .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?,
         }),
         BenchCommand::Serve {
             url,

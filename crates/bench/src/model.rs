@@ -1,15 +1,13 @@
 //! llama-bench-style model throughput: prompt processing (pp) and token generation (tg).
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use tessera_engine::generate::{BLOCK_SIZE, PREFILL_CHUNK};
-use tessera_engine::{store, tuning, Engine};
+use tessera_engine::generate::generate;
+use tessera_engine::{store, tuning, Engine, GenerateRequest, SamplingParams, SubBatching};
 use tessera_kernels::plan::Precision;
-use tessera_model::{BatchMeta, KvStorage, LogitsFor, SeqChunk};
 
 use crate::stats::median;
 
@@ -26,6 +24,7 @@ pub struct ModelConfig {
     pub tg_after_prompt: bool,
     pub warmup: bool,
     pub seed: u64,
+    pub sub_batching: SubBatching,
 }
 
 /// Index of the largest value (first on ties).
@@ -39,113 +38,55 @@ pub fn argmax(v: &[f32]) -> usize {
     best
 }
 
-/// `[start, end)` ranges of the prefill chunks of a prompt of `n` tokens.
-pub fn chunks(n: usize, chunk: usize) -> Vec<(usize, usize)> {
-    (0..n)
-        .step_by(chunk.max(1))
-        .map(|s| (s, (s + chunk.max(1)).min(n)))
-        .collect()
-}
-
-fn forward(
-    engine: &Engine,
-    kv: &mut KvStorage,
-    table: &[u32],
-    tokens: &[u32],
-    start: usize,
-    logits: LogitsFor,
-) -> Result<Option<u32>> {
-    let chunk = SeqChunk {
-        tokens: tokens.to_vec(),
-        start_pos: start,
-        block_table: table.to_vec(),
-        logits,
+/// One greedy request through the step engine (the same one `generate` and `serve` drive),
+/// ignoring EOS: (seconds to the first token, seconds from it to the end).
+fn timed_request(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Result<(f64, f64)> {
+    let req = GenerateRequest {
+        prompt_ids: prompt.to_vec(),
+        max_tokens,
+        params: SamplingParams::greedy(),
+        ignore_eos: true,
+        ..Default::default()
     };
-    let l = engine
-        .model
-        .forward(&BatchMeta { seqs: vec![chunk] }, kv, &engine.ctx())?;
-    Ok(l.last_of(0).map(|row| argmax(row) as u32))
-}
-
-/// Seconds to prefill `prompt` into `kv` from position 0, and the greedy next token.
-fn prefill(
-    engine: &Engine,
-    kv: &mut KvStorage,
-    table: &[u32],
-    prompt: &[u32],
-) -> Result<(f64, u32)> {
-    let t = Instant::now();
-    let mut next = 0;
-    let parts = chunks(prompt.len(), PREFILL_CHUNK);
-    let last = parts.len().saturating_sub(1);
-    for (i, &(s, e)) in parts.iter().enumerate() {
-        let want = if i == last {
-            LogitsFor::Last
-        } else {
-            LogitsFor::None
-        };
-        if let Some(tok) = forward(engine, kv, table, &prompt[s..e], s, want)? {
-            next = tok;
-        }
+    let stats = generate(engine, &req, &mut |_| {})?;
+    if stats.tokens.len() != max_tokens {
+        bail!(
+            "the request generated {} tokens, {max_tokens} expected",
+            stats.tokens.len()
+        );
     }
-    Ok((t.elapsed().as_secs_f64(), next))
-}
-
-/// Seconds for `n` single-token forwards from position `start`, feeding back the argmax.
-fn decode(
-    engine: &Engine,
-    kv: &mut KvStorage,
-    table: &[u32],
-    mut tok: u32,
-    start: usize,
-    n: usize,
-) -> Result<f64> {
-    let t = Instant::now();
-    for i in 0..n {
-        tok = forward(engine, kv, table, &[tok], start + i, LogitsFor::Last)?.unwrap_or(tok);
-    }
-    Ok(t.elapsed().as_secs_f64())
+    Ok((stats.prefill_secs, stats.decode_secs))
 }
 
 /// One pp + tg run; returns (pp tokens/s, tg tokens/s), `NaN` for a part of length 0.
 fn one_run(engine: &Engine, cfg: &ModelConfig, prompt: &[u32], tg: usize) -> Result<(f64, f64)> {
     let pp = prompt.len();
-    let positions = if cfg.tg_after_prompt {
-        pp + tg
-    } else {
-        pp.max(tg)
-    };
-    let mut kv = engine
-        .model
-        .new_kv_storage(BLOCK_SIZE, positions.div_ceil(BLOCK_SIZE).max(1))?;
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
     let mut pp_rate = f64::NAN;
-    let mut first = prompt.first().copied().unwrap_or(0);
-    if pp > 0 {
-        let (secs, next) = prefill(engine, &mut kv, &table, prompt)?;
-        pp_rate = pp as f64 / secs;
-        first = next;
-    }
     let mut tg_rate = f64::NAN;
-    if tg > 0 {
-        let (tok, start) = if cfg.tg_after_prompt {
-            (first, pp)
-        } else {
-            // A fresh context, as llama-bench's tg test: decode from position 0.
-            kv = engine
-                .model
-                .new_kv_storage(BLOCK_SIZE, positions.div_ceil(BLOCK_SIZE).max(1))?;
-            (prompt.first().copied().unwrap_or(1), 0)
-        };
-        let secs = decode(engine, &mut kv, &table, tok, start, tg)?;
-        tg_rate = tg as f64 / secs;
+    if pp > 0 {
+        // The prompt in chunks of PREFILL_CHUNK, then (after the prompt) `tg` decode steps:
+        // each generated token after the first is one forward.
+        let extra = if cfg.tg_after_prompt { tg } else { 0 };
+        let (prefill, decode) = timed_request(engine, prompt, 1 + extra)?;
+        pp_rate = pp as f64 / prefill;
+        if extra > 0 {
+            tg_rate = tg as f64 / decode;
+        }
+    }
+    if tg > 0 && !(cfg.tg_after_prompt && pp > 0) {
+        // A fresh context, as llama-bench's tg test: `tg` forwards of one token from
+        // position 0 (a one-token prompt, then `tg - 1` decodes).
+        let first = [prompt.first().copied().unwrap_or(1)];
+        let (prefill, decode) = timed_request(engine, &first, tg)?;
+        tg_rate = tg as f64 / (prefill + decode);
     }
     Ok((pp_rate, tg_rate))
 }
 
 pub fn run_model(cfg: &ModelConfig) -> Result<()> {
     let path = store::resolve_model(cfg.model.as_deref())?;
-    let engine = Engine::load_with(&path, cfg.threads, cfg.precision, tuning::load_planner())?;
+    let mut engine = Engine::load_with(&path, cfg.threads, cfg.precision, tuning::load_planner())?;
+    engine.sub_batching = cfg.sub_batching;
     let c = &engine.model.config;
     let (pp, tg) = (cfg.prompt_tokens, cfg.gen_tokens);
     let needed = if cfg.tg_after_prompt {
@@ -174,13 +115,15 @@ pub fn run_model(cfg: &ModelConfig) -> Result<()> {
         }
     };
     info(format!(
-        "model {} ({}, {:.1} MiB), {} threads, precision {}, isa {}, loaded in {:.2} s",
+        "model {} ({}, {:.1} MiB), {} threads, precision {}, isa {}, sub-batches {} by {}, loaded in {:.2} s",
         engine.name,
         path.display(),
         engine.weight_bytes as f64 / (1 << 20) as f64,
         engine.pool.units(),
         cfg.precision,
         tessera_engine::isa_name(),
+        cfg.sub_batching.count,
+        cfg.sub_batching.split,
         engine.load_secs
     ));
     if let Some(w) = crate::stats::load_warning() {
@@ -237,13 +180,5 @@ mod tests {
     fn argmax_first_of_ties() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
         assert_eq!(argmax(&[f32::NEG_INFINITY]), 0);
-    }
-
-    #[test]
-    fn chunks_cover_the_prompt() {
-        assert_eq!(chunks(0, 512), vec![]);
-        assert_eq!(chunks(5, 512), vec![(0, 5)]);
-        assert_eq!(chunks(1030, 512), vec![(0, 512), (512, 1024), (1024, 1030)]);
-        assert_eq!(chunks(1024, 512), vec![(0, 512), (512, 1024)]);
     }
 }

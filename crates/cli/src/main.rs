@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tessera_engine::engine::default_threads;
-use tessera_engine::generate::{generate, GenerateRequest};
-use tessera_engine::{store, Engine, SamplingParams};
+use tessera_engine::generate::generate;
+use tessera_engine::{store, Engine, GenerateRequest, SamplingParams, SplitBy, SubBatching};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
 use tessera_tokenizer::ChatMessage;
@@ -33,6 +33,14 @@ struct ModelArgs {
     /// Default: exact for `logits`, fast elsewhere.
     #[arg(long, global = true)]
     precision: Option<String>,
+    /// Run every layer's attention and MLP stages over this many sub-batches of each step
+    /// (the cut tensor parallelism overlaps communication on). Outputs do not change.
+    #[arg(long, global = true, default_value_t = 1)]
+    sub_batches: usize,
+    /// How sub-batches are cut: `sequence` (whole sequences) or `tokens` (near-equal token
+    /// counts, keeping whole tokens).
+    #[arg(long, global = true, default_value = "sequence")]
+    split_by: SplitBy,
 }
 
 #[derive(Subcommand)]
@@ -197,9 +205,12 @@ fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
+    let sub_batching = SubBatching::new(args.sub_batches, args.split_by)
+        .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?;
     let planner = tessera_engine::tuning::load_planner();
-    let engine = Engine::load_with(&path, threads, precision, planner)
+    let mut engine = Engine::load_with(&path, threads, precision, planner)
         .with_context(|| format!("loading {}", path.display()))?;
+    engine.sub_batching = sub_batching;
     eprintln!(
         "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads [{}, {precision}, {}]",
         engine.name,
@@ -387,7 +398,7 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let engine = load(&model, Precision::Fast)?;
             let c = &engine.model.config;
-            let block = 16;
+            let block = tessera_engine::KV_BLOCK_SIZE;
             let bytes_per_block = 2 * c.n_layers * block * c.kv_dim() * 4;
             let num_blocks = kv_blocks.unwrap_or((kv_memory_mb << 20) / bytes_per_block.max(1));
             let max_model_len = max_model_len
@@ -508,6 +519,7 @@ fn run(cli: Cli) -> Result<()> {
                 params,
                 stop,
                 ignore_eos,
+                ..Default::default()
             };
             let mut out = std::io::stdout().lock();
             let stats = generate(&engine, &req, &mut |t| {
@@ -516,7 +528,7 @@ fn run(cli: Cli) -> Result<()> {
             })?;
             let _ = writeln!(out);
             eprintln!(
-                "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | finish: {:?}",
+                "prompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | finish: {}",
                 stats.prompt_tokens,
                 stats.prefill_tok_s(),
                 stats.tokens.len(),

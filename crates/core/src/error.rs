@@ -31,6 +31,10 @@ pub enum Error {
     Config(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A problem with one sequence of a batch (its index in the step's batch), so the caller
+    /// can fail that request alone.
+    #[error("sequence {seq}: {reason}")]
+    Sequence { seq: usize, reason: String },
     #[error("{0}")]
     Other(String),
 }
@@ -40,6 +44,12 @@ impl Error {
         Error::Malformed {
             format,
             msg: msg.into(),
+        }
+    }
+    pub fn sequence(seq: usize, reason: impl Into<String>) -> Self {
+        Error::Sequence {
+            seq,
+            reason: reason.into(),
         }
     }
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {

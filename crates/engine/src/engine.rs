@@ -1,15 +1,24 @@
 //! A loaded model, its tokenizer, and the compute units it runs on.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tessera_core::Result;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
-use tessera_model::{BatchMeta, ExecCtx, LlamaModel, Logits, LogitsFor, SeqChunk};
+use tessera_model::{
+    BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, LogitsFor, SeqChunk, SubBatching, Workspace,
+};
 use tessera_runtime::ThreadPool;
 use tessera_tokenizer::Tokenizer;
+
+use crate::KV_BLOCK_SIZE;
+
+/// A test-only hook consulted before every step's forward (cargo feature `fault-injection`).
+#[cfg(feature = "fault-injection")]
+pub type FaultHook =
+    Arc<dyn Fn(&tessera_scheduler::StepPlan) -> Option<crate::step::Fault> + Send + Sync>;
 
 pub struct Engine {
     pub name: String,
@@ -19,9 +28,16 @@ pub struct Engine {
     pub pool: ThreadPool,
     pub planner: Planner,
     pub precision: Precision,
+    /// How every forward cuts its rows into sub-batches (default: one).
+    pub sub_batching: SubBatching,
     /// Bytes of the weights as stored (mapped, not copied).
     pub weight_bytes: usize,
     pub load_secs: f64,
+    /// Activation buffers of the one-off forwards ([`Engine::forward`], [`Engine::logits_all`]);
+    /// step engines own their own.
+    workspace: Mutex<Workspace>,
+    #[cfg(feature = "fault-injection")]
+    pub fault_hook: Option<FaultHook>,
 }
 
 /// Compute units to use when the user does not say: the available parallelism.
@@ -61,25 +77,37 @@ impl Engine {
             pool: ThreadPool::new(threads),
             planner,
             precision,
+            sub_batching: SubBatching::WHOLE,
             load_secs: t0.elapsed().as_secs_f64(),
+            workspace: Mutex::new(Workspace::new()),
+            #[cfg(feature = "fault-injection")]
+            fault_hook: None,
         })
+    }
+
+    /// One forward of `batch` over `kv` with the engine's sub-batching, its logits copied out
+    /// (tests, numerics checks).
+    pub fn forward(&self, batch: &BatchMeta, kv: &mut KvStorage) -> Result<Logits> {
+        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let logits = self
+            .model
+            .forward(batch, kv, &mut ws, &self.ctx(), self.sub_batching)?;
+        Ok(logits.to_owned())
     }
 
     /// Logits at every position of `tokens`, from an empty cache in one forward (numerics
     /// checks, perplexity).
     pub fn logits_all(&self, tokens: &[u32]) -> Result<Logits> {
-        const BLOCK: usize = 16;
         let mut kv = self
             .model
-            .new_kv_storage(BLOCK, tokens.len().div_ceil(BLOCK).max(1))?;
-        let seq = SeqChunk {
-            tokens: tokens.to_vec(),
-            start_pos: 0,
-            block_table: (0..kv.num_blocks() as u32).collect(),
-            logits: LogitsFor::All,
-        };
-        self.model
-            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &self.ctx())
+            .new_kv_storage(KV_BLOCK_SIZE, tokens.len().div_ceil(KV_BLOCK_SIZE).max(1))?;
+        let seq = SeqChunk::new(
+            tokens.to_vec(),
+            0,
+            (0..kv.num_blocks() as u32).collect(),
+            LogitsFor::All,
+        );
+        self.forward(&BatchMeta { seqs: vec![seq] }, &mut kv)
     }
 
     pub fn ctx(&self) -> ExecCtx<'_> {

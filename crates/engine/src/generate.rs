@@ -1,44 +1,26 @@
-//! One request, start to finish: prefill the prompt in chunks, then decode token by token
-//! until EOS, a stop string or the token limit, streaming text as it completes.
+//! One request, start to finish, on a step engine of its own: the prompt is prefilled in
+//! chunks, then decoded token by token until EOS, a stop string or the token limit, with the
+//! text streamed as it completes. Same scheduler, forward and per-token pipeline as `serve`.
 
 use std::time::Instant;
 
 use tessera_core::{Error, Result};
-use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
-use tessera_tokenizer::StreamDecoder;
+use tessera_scheduler::SchedulerConfig;
 
-use crate::sampling::{Sampler, SamplingParams};
-use crate::stop::StopMatcher;
-use crate::Engine;
+use crate::request::{FinishReason, GenerateRequest, RequestEvent};
+use crate::step::StepEngine;
+use crate::{Engine, KV_BLOCK_SIZE};
 
-/// KV positions per block.
-pub const BLOCK_SIZE: usize = 16;
 /// Longest prefill chunk in one forward (bounds activation memory).
 pub const PREFILL_CHUNK: usize = 512;
-
-#[derive(Debug, Clone)]
-pub struct GenerateRequest {
-    pub prompt_ids: Vec<u32>,
-    pub max_tokens: usize,
-    pub params: SamplingParams,
-    pub stop: Vec<String>,
-    /// Keep generating past EOS (benchmarks, golden checks).
-    pub ignore_eos: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// EOS or a stop string.
-    Stop,
-    /// `max_tokens` or the context reached.
-    Length,
-}
 
 #[derive(Debug, Clone)]
 pub struct GenerationStats {
     pub prompt_tokens: usize,
     pub tokens: Vec<u32>,
+    /// Until the first token was sampled.
     pub prefill_secs: f64,
+    /// From the first token to the end.
     pub decode_secs: f64,
     pub finish: FinishReason,
 }
@@ -53,13 +35,25 @@ impl GenerationStats {
     }
 }
 
+/// A scheduler for one sequence of up to `positions` positions: whole-prompt chunks of
+/// [`PREFILL_CHUNK`], no prefix caching.
+pub fn single_request_config(engine: &Engine, positions: usize) -> SchedulerConfig {
+    let mut cfg = SchedulerConfig::new(positions.div_ceil(KV_BLOCK_SIZE).max(1), KV_BLOCK_SIZE);
+    cfg.max_num_seqs = 1;
+    cfg.max_num_batched_tokens = PREFILL_CHUNK;
+    cfg.max_prefill_chunk = PREFILL_CHUNK;
+    cfg.max_model_len = engine.model.config.max_position;
+    cfg.max_waiting = 1;
+    cfg.prefix_caching = false;
+    cfg
+}
+
 /// Runs `req`, calling `on_text` with each completed piece of generated text.
 pub fn generate(
     engine: &Engine,
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationStats> {
-    req.params.validate()?;
     let ctx_len = engine.model.config.max_position;
     let n_prompt = req.prompt_ids.len();
     if n_prompt == 0 {
@@ -71,98 +65,53 @@ pub fn generate(
         )));
     }
     let max_tokens = req.max_tokens.min(ctx_len - n_prompt);
-    let total = n_prompt + max_tokens;
-    let mut kv = engine
-        .model
-        .new_kv_storage(BLOCK_SIZE, total.div_ceil(BLOCK_SIZE))?;
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
-    let ctx = engine.ctx();
-
+    if max_tokens == 0 {
+        return Err(Error::Other("max_tokens must be at least 1".into()));
+    }
+    let mut steps = StepEngine::new(engine, single_request_config(engine, n_prompt + max_tokens))?;
+    let req = GenerateRequest {
+        max_tokens,
+        ..req.clone()
+    };
+    steps
+        .submit(0, &req)
+        .map_err(|e| Error::Other(e.to_string()))?;
     let t0 = Instant::now();
-    let mut logits = None;
-    for start in (0..n_prompt).step_by(PREFILL_CHUNK) {
-        let end = (start + PREFILL_CHUNK).min(n_prompt);
-        let chunk = SeqChunk {
-            tokens: req.prompt_ids[start..end].to_vec(),
-            start_pos: start,
-            block_table: table.clone(),
-            logits: if end == n_prompt {
-                LogitsFor::Last
-            } else {
-                LogitsFor::None
-            },
-        };
-        logits = Some(
-            engine
-                .model
-                .forward(&BatchMeta { seqs: vec![chunk] }, &mut kv, &ctx)?,
-        );
-    }
-    let prefill_secs = t0.elapsed().as_secs_f64();
-    let mut logits = logits.expect("prompt is not empty");
-
-    let t1 = Instant::now();
-    let mut sampler = Sampler::new(req.params.clone(), &req.prompt_ids);
-    let mut stream = StreamDecoder::new();
-    let mut stops = StopMatcher::new(&req.stop);
+    let mut first: Option<Instant> = None;
     let mut tokens = Vec::new();
-    let mut finish = FinishReason::Length;
-    let mut stop_string_hit = false;
-    while tokens.len() < max_tokens {
-        let next = sampler.sample(logits.last_of(0).expect("one row per step"));
-        if !req.ignore_eos && engine.tokenizer.is_eos(next) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        sampler.accept(next);
-        tokens.push(next);
-        if let Some(text) = stream.push(&engine.tokenizer, next)? {
-            let (out, hit) = stops.push(&text);
-            if !out.is_empty() {
-                on_text(&out);
+    loop {
+        let out = steps.step();
+        for (_, ev) in out.events {
+            match ev {
+                RequestEvent::Text {
+                    text, tokens: t, ..
+                } => {
+                    if first.is_none() && !t.is_empty() {
+                        first = Some(Instant::now());
+                    }
+                    tokens.extend(t);
+                    if !text.is_empty() {
+                        on_text(&text);
+                    }
+                }
+                RequestEvent::Finished { reason, .. } => {
+                    let end = Instant::now();
+                    let first = first.unwrap_or(end);
+                    return Ok(GenerationStats {
+                        prompt_tokens: n_prompt,
+                        tokens,
+                        prefill_secs: (first - t0).as_secs_f64(),
+                        decode_secs: (end - first).as_secs_f64(),
+                        finish: reason,
+                    });
+                }
+                RequestEvent::Failed { message } => return Err(Error::Other(message)),
             }
-            if hit {
-                finish = FinishReason::Stop;
-                stop_string_hit = true;
-                break;
-            }
         }
-        if tokens.len() == max_tokens {
-            break;
-        }
-        let pos = n_prompt + tokens.len() - 1;
-        let chunk = SeqChunk {
-            tokens: vec![next],
-            start_pos: pos,
-            block_table: table.clone(),
-            logits: LogitsFor::Last,
-        };
-        logits = engine
-            .model
-            .forward(&BatchMeta { seqs: vec![chunk] }, &mut kv, &ctx)?;
-    }
-    if !stop_string_hit {
-        let mut rest = String::new();
-        if let Some(text) = stream.finish(&engine.tokenizer)? {
-            let (out, hit) = stops.push(&text);
-            rest.push_str(&out);
-            if hit {
-                finish = FinishReason::Stop;
-            } else {
-                rest.push_str(&stops.flush());
-            }
-        } else {
-            rest.push_str(&stops.flush());
-        }
-        if !rest.is_empty() {
-            on_text(&rest);
+        if !steps.has_work() {
+            return Err(Error::Other(
+                "the engine stopped before the request finished".into(),
+            ));
         }
     }
-    Ok(GenerationStats {
-        prompt_tokens: n_prompt,
-        tokens,
-        prefill_secs,
-        decode_secs: t1.elapsed().as_secs_f64(),
-        finish,
-    })
 }

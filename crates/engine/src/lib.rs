@@ -1,19 +1,30 @@
-//! Running a model: loading it with its tokenizer ([`Engine`]), sampling ([`sampling`]),
-//! stop conditions ([`stop`]), single-request generation ([`generate`]), perplexity
-//! ([`perplexity`]), and fetching the default model ([`store`]).
+//! Running a model: loading it with its tokenizer ([`Engine`]), the step engine every front end
+//! drives ([`step`]) with its per-request pipeline ([`live`]: sampling, stop strings,
+//! streaming detokenization), single-request generation ([`generate`]), perplexity
+//! ([`perplexity`]), fetching the default model ([`store`]) and tuning ([`tune`]).
 
 pub mod engine;
 pub mod generate;
+mod live;
 pub mod perplexity;
+pub mod request;
 pub mod sampling;
+pub mod step;
 pub mod stop;
 pub mod store;
 pub mod tune;
 pub mod tuning;
 
 pub use engine::Engine;
-pub use generate::{FinishReason, GenerateRequest, GenerationStats};
+pub use generate::GenerationStats;
+pub use live::token_logprob;
+pub use request::{FinishReason, GenerateRequest, RequestEvent, SubmitError, TokenLogprob};
 pub use sampling::{Sampler, SamplingParams};
+pub use step::{StepEngine, StepOutcome};
+pub use tessera_model::{SplitBy, SubBatching};
+
+/// KV positions per block, everywhere: the step engines, one-off forwards and `serve`.
+pub const KV_BLOCK_SIZE: usize = 16;
 
 /// Name of the instruction set the kernels run on in this process.
 pub fn isa_name() -> &'static str {

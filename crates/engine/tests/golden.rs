@@ -9,8 +9,9 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use tessera_engine::generate::{generate, GenerateRequest};
+use tessera_engine::generate::generate;
 use tessera_engine::sampling::argmax;
+use tessera_engine::GenerateRequest;
 use tessera_engine::{store, Engine, SamplingParams};
 use tessera_tokenizer::ChatMessage;
 
@@ -98,6 +99,7 @@ fn golden_numerics_match_transformers() {
             params: SamplingParams::greedy(),
             stop: vec![],
             ignore_eos: true,
+            ..Default::default()
         };
         let stats = generate(&e, &req, &mut |_| {}).unwrap();
         assert_eq!(
@@ -142,6 +144,7 @@ fn capital_of_france_greedy() {
         params: SamplingParams::greedy(),
         stop: vec![],
         ignore_eos: false,
+        ..Default::default()
     };
     let mut text = String::new();
     let stats = generate(&e, &req, &mut |t| text.push_str(t)).unwrap();

@@ -412,11 +412,9 @@ fn logits_all(e: &Engine, tokens: &[u32]) -> Vec<f32> {
         start_pos: 0,
         block_table: (0..blocks as u32).collect(),
         logits: LogitsFor::All,
+        adapter: None,
     };
-    let l = e
-        .model
-        .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
-        .unwrap();
+    let l = e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap();
     assert_eq!(
         l.rows,
         (0..tokens.len()).map(|p| (0, p)).collect::<Vec<_>>()
@@ -552,21 +550,17 @@ fn batched_sequences_match_running_each_alone_bitwise() {
                 start_pos: 0,
                 block_table: table.clone(),
                 logits: LogitsFor::All,
+                adapter: None,
             };
-            let l1 = e
-                .model
-                .forward(&BatchMeta { seqs: vec![pre] }, &mut kv, &e.ctx())
-                .unwrap();
+            let l1 = e.forward(&BatchMeta { seqs: vec![pre] }, &mut kv).unwrap();
             let dec = SeqChunk {
                 tokens: vec![next],
                 start_pos: tokens.len(),
                 block_table: table,
                 logits: LogitsFor::Last,
+                adapter: None,
             };
-            let l2 = e
-                .model
-                .forward(&BatchMeta { seqs: vec![dec] }, &mut kv, &e.ctx())
-                .unwrap();
+            let l2 = e.forward(&BatchMeta { seqs: vec![dec] }, &mut kv).unwrap();
             (l1.data, l2.data)
         };
         let (pa, da) = alone(&a, next_a);
@@ -582,16 +576,18 @@ fn batched_sequences_match_running_each_alone_bitwise() {
                     start_pos: 0,
                     block_table: ta.clone(),
                     logits: LogitsFor::All,
+                    adapter: None,
                 },
                 SeqChunk {
                     tokens: b.clone(),
                     start_pos: 0,
                     block_table: tb.clone(),
                     logits: LogitsFor::All,
+                    adapter: None,
                 },
             ],
         };
-        let l = e.model.forward(&batch, &mut kv, &e.ctx()).unwrap();
+        let l = e.forward(&batch, &mut kv).unwrap();
         assert_eq!(l.rows.len(), a.len() + b.len());
         assert_eq!(l.rows[a.len()], (1, 0));
         assert_eq!(&l.data[..a.len() * v], &pa[..]);
@@ -604,16 +600,18 @@ fn batched_sequences_match_running_each_alone_bitwise() {
                     start_pos: b.len(),
                     block_table: tb,
                     logits: LogitsFor::Last,
+                    adapter: None,
                 },
                 SeqChunk {
                     tokens: vec![next_a],
                     start_pos: a.len(),
                     block_table: ta,
                     logits: LogitsFor::Last,
+                    adapter: None,
                 },
             ],
         };
-        let l = e.model.forward(&batch, &mut kv, &e.ctx()).unwrap();
+        let l = e.forward(&batch, &mut kv).unwrap();
         assert_eq!(l.rows, vec![(0, b.len()), (1, a.len())]);
         assert_eq!(l.last_of(0).unwrap(), &db[..]);
         assert_eq!(l.last_of(1).unwrap(), &da[..]);
@@ -639,10 +637,9 @@ fn chunked_prefill_matches_one_shot_bitwise() {
                 start_pos: 0,
                 block_table: table.clone(),
                 logits: LogitsFor::All,
+                adapter: None,
             };
-            e.model
-                .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
-                .unwrap()
+            e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap()
         };
         for chunks in [&[3usize, 4, 16][..], &[3, 4, 5, 6, 5], &[1; 23], &[22, 1]] {
             assert_eq!(chunks.iter().sum::<usize>(), tokens.len());
@@ -663,11 +660,9 @@ fn chunked_prefill_matches_one_shot_bitwise() {
                     start_pos: start,
                     block_table: table.clone(),
                     logits: want,
+                    adapter: None,
                 };
-                let l = e
-                    .model
-                    .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
-                    .unwrap();
+                let l = e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap();
                 match want {
                     LogitsFor::None => assert!(l.rows.is_empty() && l.data.is_empty()),
                     LogitsFor::All => {
@@ -989,11 +984,9 @@ fn forward_rejects_bad_tokens_and_positions() {
             start_pos,
             block_table: (0..blocks as u32).collect(),
             logits: LogitsFor::Last,
+            adapter: None,
         };
-        match e
-            .model
-            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
-        {
+        match e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv) {
             Ok(_) => panic!("forward succeeded, expected an error"),
             Err(err) => err.to_string(),
         }
@@ -1018,10 +1011,9 @@ fn forward_rejects_bad_tokens_and_positions() {
         start_pos: 0,
         block_table: (0..blocks as u32).collect(),
         logits: LogitsFor::Last,
+        adapter: None,
     };
-    e.model
-        .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
-        .unwrap();
+    e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap();
 
     // A block table too short for the sequence, or naming blocks that don't exist.
     assert_err_contains(&run(prompt(9), 0, 2), "block table");
@@ -1031,10 +1023,10 @@ fn forward_rejects_bad_tokens_and_positions() {
         start_pos: 0,
         block_table: vec![0, 9],
         logits: LogitsFor::Last,
+        adapter: None,
     };
     let err = e
-        .model
-        .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
+        .forward(&BatchMeta { seqs: vec![seq] }, &mut kv)
         .err()
         .unwrap()
         .to_string();
@@ -1057,10 +1049,10 @@ fn forward_edge_cases_do_not_panic() {
             start_pos: 0,
             block_table: vec![0, 1],
             logits: LogitsFor::Last,
+            adapter: None,
         };
         let err = e
-            .model
-            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv, &e.ctx())
+            .forward(&BatchMeta { seqs: vec![seq] }, &mut kv)
             .err()
             .unwrap()
             .to_string();
@@ -1078,16 +1070,18 @@ fn forward_edge_cases_do_not_panic() {
                 start_pos: 0,
                 block_table: vec![3],
                 logits: LogitsFor::Last,
+                adapter: None,
             },
             SeqChunk {
                 tokens: tokens.clone(),
                 start_pos: 0,
                 block_table: vec![0, 1],
                 logits: LogitsFor::All,
+                adapter: None,
             },
         ],
     };
-    let l = e.model.forward(&batch, &mut kv, &e.ctx()).unwrap();
+    let l = e.forward(&batch, &mut kv).unwrap();
     assert_eq!(l.rows, (0..6).map(|p| (1, p)).collect::<Vec<_>>());
     assert_eq!(l.data, alone);
     assert!(l.last_of(0).is_none());

@@ -10,8 +10,10 @@ use std::cell::RefCell;
 
 use tessera_runtime::{DisjointMut, ThreadPool};
 
-use crate::batch::BatchMeta;
+use std::ops::Range;
+
 use crate::kv::KvStorage;
+use crate::prepared::PreparedBatch;
 
 thread_local! {
     static SCORES: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
@@ -23,12 +25,16 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
-/// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every new token.
-/// `q`: token rows `q_stride` apart, each starting with `n_heads · head_dim` rotated query
-/// values; K/V of the new tokens already stored.
+/// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every row `t` of
+/// `rows` (a sub-batch of the prepared step; `t` counted from `rows.start`). `q`: the rows'
+/// query rows `q_stride` apart, each starting with `n_heads · head_dim` rotated values; the
+/// K/V of every position attended to already stored (earlier steps, earlier sub-batches, and
+/// these rows).
+#[allow(clippy::too_many_arguments)]
 pub fn attention(
     pool: &ThreadPool,
-    batch: &BatchMeta,
+    batch: &PreparedBatch,
+    rows: Range<usize>,
     kv: &KvStorage,
     layer: usize,
     shape: &AttnShape,
@@ -40,14 +46,8 @@ pub fn attention(
     let group = nh / nkv;
     let q_dim = nh * hd;
     let scale = 1.0 / (hd as f32).sqrt();
-    // (sequence, index within chunk) of every token, in batch order.
-    let tokens: Vec<(usize, usize)> = batch
-        .seqs
-        .iter()
-        .enumerate()
-        .flat_map(|(s, c)| (0..c.tokens.len()).map(move |i| (s, i)))
-        .collect();
-    let items = tokens.len() * nkv;
+    let base = rows.start;
+    let items = rows.len() * nkv;
     let (kbuf, vbuf) = kv.layer(layer);
     let out_ptr = DisjointMut::new(out);
     let units = pool.units();
@@ -58,15 +58,15 @@ pub fn attention(
             // contiguous ranges would leave the last unit with most of a prefill's work.
             for item in (unit..items).step_by(units) {
                 let (t, kvh) = (item / nkv, item % nkv);
-                let (s, i) = tokens[t];
-                let chunk = &batch.seqs[s];
-                let n = chunk.start_pos + i + 1;
+                let row = base + t;
+                let table = batch.table(batch.row_seq[row] as usize);
+                let n = batch.positions[row] + 1;
                 scores.resize(group * n, 0.0);
                 let qh = |h: usize| &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
                 // Element offsets of this head's K/V rows for positions 0..n (block tables
                 // make them non-contiguous across blocks).
                 offs.clear();
-                offs.extend((0..n).map(|p| kv.offset(&chunk.block_table, p) + kvh * hd));
+                offs.extend((0..n).map(|p| kv.offset(table, p) + kvh * hd));
                 // Scores of the group's query heads against 4 positions at a time.
                 for h0 in (0..group).step_by(3) {
                     let nh = (group - h0).min(3);

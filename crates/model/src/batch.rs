@@ -1,5 +1,7 @@
 //! Batch metadata: what a forward step computes, as plain data.
 
+use std::ops::Range;
+
 /// Which positions of a chunk need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitsFor {
@@ -21,6 +23,26 @@ pub struct SeqChunk {
     /// cover `start_pos + tokens.len()` positions.
     pub block_table: Vec<u32>,
     pub logits: LogitsFor,
+    /// The step's adapter slot whose weights these tokens use (`None`: the base model).
+    pub adapter: Option<u32>,
+}
+
+impl SeqChunk {
+    /// A base-model chunk.
+    pub fn new(
+        tokens: Vec<u32>,
+        start_pos: usize,
+        block_table: Vec<u32>,
+        logits: LogitsFor,
+    ) -> Self {
+        SeqChunk {
+            tokens,
+            start_pos,
+            block_table,
+            logits,
+            adapter: None,
+        }
+    }
 }
 
 /// Everything one forward step computes.
@@ -32,6 +54,64 @@ pub struct BatchMeta {
 impl BatchMeta {
     pub fn num_tokens(&self) -> usize {
         self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// How a step's rows are cut into sub-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitBy {
+    /// Whole sequences per sub-batch (each sub-batch's tokens independent of the others').
+    Sequence,
+    /// Near-equal token counts, cutting sequences between whole tokens where needed.
+    Tokens,
+}
+
+impl std::str::FromStr for SplitBy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sequence" | "sequences" => Ok(SplitBy::Sequence),
+            "tokens" | "token" => Ok(SplitBy::Tokens),
+            _ => Err(format!("{s:?}: expected sequence or tokens")),
+        }
+    }
+}
+
+impl std::fmt::Display for SplitBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SplitBy::Sequence => "sequence",
+            SplitBy::Tokens => "tokens",
+        })
+    }
+}
+
+/// The sub-batching of a forward: every layer's stages run over `count` sub-batches in turn.
+/// At most `count` sub-batches are made (fewer when the step has fewer sequences or tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubBatching {
+    pub count: usize,
+    pub split: SplitBy,
+}
+
+impl SubBatching {
+    /// One sub-batch: the whole step.
+    pub const WHOLE: SubBatching = SubBatching {
+        count: 1,
+        split: SplitBy::Sequence,
+    };
+
+    pub fn new(count: usize, split: SplitBy) -> Result<Self, String> {
+        if count == 0 {
+            return Err("the number of sub-batches must be at least 1".into());
+        }
+        Ok(SubBatching { count, split })
+    }
+}
+
+impl Default for SubBatching {
+    fn default() -> Self {
+        SubBatching::WHOLE
     }
 }
 
@@ -51,9 +131,53 @@ impl Logits {
 
     /// The last row belonging to sequence `seq`.
     pub fn last_of(&self, seq: usize) -> Option<&[f32]> {
+        self.view().last_of(seq)
+    }
+
+    pub fn view(&self) -> LogitsView<'_> {
+        LogitsView {
+            vocab: self.vocab,
+            data: &self.data,
+            rows: &self.rows,
+        }
+    }
+}
+
+/// Logits rows borrowed from a forward's workspace (valid until its next step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogitsView<'a> {
+    pub vocab: usize,
+    pub data: &'a [f32],
+    /// `(sequence index in the batch, position)` of each row.
+    pub rows: &'a [(usize, usize)],
+}
+
+impl<'a> LogitsView<'a> {
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        &self.data[i * self.vocab..(i + 1) * self.vocab]
+    }
+
+    /// The last row belonging to sequence `seq`.
+    pub fn last_of(&self, seq: usize) -> Option<&'a [f32]> {
         self.rows
             .iter()
             .rposition(|&(s, _)| s == seq)
             .map(|i| self.row(i))
     }
+
+    pub fn to_owned(&self) -> Logits {
+        Logits {
+            vocab: self.vocab,
+            data: self.data.to_vec(),
+            rows: self.rows.to_vec(),
+        }
+    }
+}
+
+/// A contiguous run of rows that use the same adapter, relative to the first row of the
+/// matrix product it is passed to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowSegment {
+    pub rows: Range<usize>,
+    pub adapter: Option<u32>,
 }

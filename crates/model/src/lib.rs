@@ -1,10 +1,12 @@
 //! The Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2) as a function of its weights,
 //! the step's batch metadata and a view of the KV storage:
-//! `forward(&self, &BatchMeta, &mut KvStorage, &ExecCtx) -> Logits`.
+//! `forward(&self, &BatchMeta, &mut KvStorage, &mut Workspace, &ExecCtx, SubBatching)`.
 //!
-//! The model owns no cache and no sequence state. A batch is any mix of sequences, each
-//! contributing a run of new tokens at its own positions (a prefill chunk, or one decode
-//! token), with its own block table into the paged [`KvStorage`]. Every matrix product goes
+//! The model owns no cache, no sequence state and no activation buffers. A batch is any mix
+//! of sequences, each contributing a run of new tokens at its own positions (a prefill chunk,
+//! or one decode token), with its own block table into the paged [`KvStorage`]. The batch is
+//! prepared once into flat rows ([`prepared`]); each layer is an attention stage and an MLP
+//! stage running on any contiguous range of rows ([`stages`]). Every matrix product goes
 //! through a [`Linear`], the one trait a LoRA delta or a tensor-parallel shard will wrap.
 
 pub mod attention;
@@ -12,9 +14,16 @@ pub mod batch;
 pub mod kv;
 pub mod linear;
 pub mod llama;
+pub mod prepared;
 pub mod rope;
+pub mod stages;
+pub mod workspace;
 
-pub use batch::{BatchMeta, Logits, LogitsFor, SeqChunk};
+pub use batch::{
+    BatchMeta, Logits, LogitsFor, LogitsView, RowSegment, SeqChunk, SplitBy, SubBatching,
+};
 pub use kv::KvStorage;
 pub use linear::{DenseLinear, ExecCtx, Linear};
 pub use llama::LlamaModel;
+pub use prepared::{PreparedBatch, SubBatch};
+pub use workspace::{StageScratch, Workspace};

@@ -2,13 +2,19 @@
 //!
 //! Everything that multiplies activations by a weight matrix implements [`Linear`]: the dense
 //! base layer today; a LoRA delta (base + B·A·x per request) and column/row-parallel shards
-//! wrap it later without the model noticing.
+//! wrap it later without the model noticing. Each call receives the row segments of its
+//! input (which contiguous rows use which adapter), and a stacked layer (fused q/k/v or
+//! gate/up) names the column range of each of its parts.
+
+use std::ops::Range;
 
 use tessera_core::{Error, Result, WeightTensor};
 use tessera_kernels::gemm::GemmWeight;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_runtime::ThreadPool;
+
+use crate::batch::RowSegment;
 
 /// What a forward step executes on: the compute units, the planner that picks every matrix
 /// product's strategy, and the arithmetic asked for.
@@ -21,8 +27,55 @@ pub struct ExecCtx<'a> {
 pub trait Linear: Send + Sync {
     fn in_features(&self) -> usize;
     fn out_features(&self) -> usize;
-    /// `out[m, out_features] = x[m, in_features] · Wᵀ (+ bias)`.
-    fn forward(&self, ctx: &ExecCtx, x: &[f32], m: usize, out: &mut [f32]);
+    /// Output column ranges of the stacked parts, in order (one part for a plain layer).
+    fn parts(&self) -> &[Range<usize>];
+    /// `out[m, out_features] = x[m, in_features] · Wᵀ (+ bias)`, where `segments` say which
+    /// contiguous rows of `x` use which adapter (they cover `0..m` in order).
+    fn forward(
+        &self,
+        ctx: &ExecCtx,
+        x: &[f32],
+        m: usize,
+        segments: &[RowSegment],
+        out: &mut [f32],
+    ) -> Result<()>;
+}
+
+/// Checks the buffers of a `Linear::forward` call: `x` holds `m` rows of `k`, `out` `m` rows
+/// of `n`, and the segments cover `0..m` in order.
+pub fn check_call(
+    name: &str,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    n: usize,
+    segments: &[RowSegment],
+    out: &[f32],
+) -> Result<()> {
+    if x.len() < m * k || out.len() < m * n {
+        return Err(Error::Other(format!(
+            "{name}: {m} rows need {} inputs and {} outputs, got {} and {}",
+            m * k,
+            m * n,
+            x.len(),
+            out.len()
+        )));
+    }
+    let mut next = 0;
+    for s in segments {
+        if s.rows.start != next || s.rows.end < s.rows.start {
+            return Err(Error::Other(format!(
+                "{name}: row segments do not cover 0..{m} in order ({segments:?})"
+            )));
+        }
+        next = s.rows.end;
+    }
+    if next != m && !(segments.is_empty() && m == 0) {
+        return Err(Error::Other(format!(
+            "{name}: row segments cover 0..{next}, the input has {m} rows"
+        )));
+    }
+    Ok(())
 }
 
 /// A weight matrix in its stored format (plus, for the fast path, its interleaved repack),
@@ -30,6 +83,8 @@ pub trait Linear: Send + Sync {
 pub struct DenseLinear {
     pub weight: GemmWeight,
     pub bias: Option<Vec<f32>>,
+    /// Column range of each stacked part.
+    pub parts: Vec<Range<usize>>,
 }
 
 impl DenseLinear {
@@ -54,6 +109,7 @@ impl DenseLinear {
     ) -> Result<Self> {
         let mut weights = Vec::with_capacity(parts.len());
         let mut bias: Vec<f32> = Vec::new();
+        let mut ranges = Vec::with_capacity(parts.len());
         let any_bias = parts.iter().any(|p| p.1.is_some());
         for (w, b, out) in parts {
             if w.shape != [out, inp] {
@@ -75,6 +131,8 @@ impl DenseLinear {
                 None if any_bias => bias.extend(std::iter::repeat_n(0.0, out)),
                 None => {}
             }
+            let start = ranges.last().map_or(0, |r: &Range<usize>| r.end);
+            ranges.push(start..start + out);
             weights.push(w);
         }
         let names: Vec<String> = weights
@@ -90,6 +148,7 @@ impl DenseLinear {
         Ok(DenseLinear {
             weight,
             bias: any_bias.then_some(bias),
+            parts: ranges,
         })
     }
 }
@@ -101,16 +160,32 @@ impl Linear for DenseLinear {
     fn out_features(&self) -> usize {
         self.weight.n()
     }
-    fn forward(&self, ctx: &ExecCtx, x: &[f32], m: usize, out: &mut [f32]) {
+    fn parts(&self) -> &[Range<usize>] {
+        &self.parts
+    }
+    fn forward(
+        &self,
+        ctx: &ExecCtx,
+        x: &[f32],
+        m: usize,
+        segments: &[RowSegment],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (k, n) = (self.weight.k(), self.weight.n());
+        check_call("linear", x, m, k, n, segments, out)?;
+        if m == 0 {
+            return Ok(());
+        }
         tessera_kernels::matmul(
             ctx.pool,
             ctx.planner,
             ctx.precision,
-            x,
+            &x[..m * k],
             m,
             &self.weight,
             self.bias.as_deref(),
-            out,
-        )
+            &mut out[..m * n],
+        );
+        Ok(())
     }
 }

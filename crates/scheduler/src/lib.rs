@@ -3,8 +3,9 @@
 //! prefix caching and adapter grouping. Depends only on the KV bookkeeping (`tessera-kv`);
 //! no tensors, no model, no threads, so every decision is testable without a model.
 //!
-//! Loop: `add_request` → (`schedule` → forward of the plan → `update` with the sampled tokens
-//! → `finish(id, Stop)` on EOS/stop strings) while `has_unfinished`; `abort` at any time.
+//! Loop: `add_request` → (`schedule` → forward of the plan → `update` with a [`StepResult`]:
+//! the sampled tokens and the requests the engine ended) while `has_unfinished`; `abort` at
+//! any time.
 //!
 //! - [`config`]: configuration and plan limits.
 //! - [`request`]: requests, status, finish reasons.
@@ -21,7 +22,7 @@ pub mod scheduler;
 
 pub use config::{Limits, SchedulerConfig};
 pub use error::SchedError;
-pub use plan::{ScheduledSeq, StepPlan};
+pub use plan::{ScheduledSeq, StepPlan, StepResult};
 pub use request::{FinishReason, Request, Status};
 pub use scheduler::Scheduler;
 pub use tessera_kv::{KvError, KvMetrics};

@@ -2,7 +2,8 @@
 //!
 //! The engine turns each [`ScheduledSeq`] into a model `SeqChunk` (`tokens`, `start_pos`,
 //! `block_table`, logits `Last` when `wants_logits` else `None`), runs the forward, samples
-//! one token per `wants_logits` entry and hands them to `Scheduler::update`.
+//! one token per `wants_logits` entry and hands them, with the requests it ended (EOS, stop
+//! strings, errors), to `Scheduler::update` as a [`StepResult`].
 
 use std::collections::{HashMap, HashSet};
 
@@ -27,6 +28,26 @@ pub struct ScheduledSeq {
 impl ScheduledSeq {
     pub fn end_pos(&self) -> usize {
         self.start_pos + self.tokens.len()
+    }
+}
+
+/// What the engine made of a plan: plain data for `Scheduler::update`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepResult {
+    /// The token sampled for every entry that wanted logits (an EOS token included).
+    pub sampled: Vec<(u64, u32)>,
+    /// Requests the engine ended this step, with why: `Stop` for EOS or a stop string
+    /// (their sampled token is not appended), `Error` for a failure.
+    pub finished: Vec<(u64, FinishReason)>,
+}
+
+impl StepResult {
+    /// A result with samples and no engine-side finishes.
+    pub fn sampled(sampled: impl Into<Vec<(u64, u32)>>) -> Self {
+        StepResult {
+            sampled: sampled.into(),
+            finished: Vec::new(),
+        }
     }
 }
 

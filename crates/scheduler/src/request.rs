@@ -16,6 +16,26 @@ pub enum FinishReason {
     Length,
     /// The client went away (`Scheduler::abort`).
     Aborted,
+    /// The step computing it failed; the request was ended with an error.
+    Error,
+}
+
+impl FinishReason {
+    /// The name used on the wire (`finish_reason`) and in logs.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Aborted => "abort",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -32,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 
 use tessera_kv::{KvError, KvManager, KvMetrics};
 
-use crate::plan::{ScheduledSeq, StepPlan};
+use crate::plan::{ScheduledSeq, StepPlan, StepResult};
 use crate::policy;
 use crate::request::{FinishReason, Request, SeqState, Status};
 use crate::{SchedError, SchedulerConfig};
@@ -395,15 +395,17 @@ impl Scheduler {
         }
     }
 
-    /// Applies a step's results: advances `num_computed` for each chunk, appends the sampled
-    /// token of each chunk that wanted logits, registers newly full blocks in the prefix cache
-    /// and finishes sequences at `max_tokens` or the context (`Length`). Entries for requests
-    /// aborted or finished since the plan are skipped. All-or-nothing: a missing or unexpected
-    /// sample is an error before anything changes. Returns the requests finished here.
+    /// Applies a step's results: first ends the requests the engine finished (EOS, stop
+    /// strings, errors: their blocks are freed and their sampled token dropped), then, for
+    /// every other entry, advances `num_computed`, appends the sampled token of each chunk
+    /// that wanted logits, registers newly full blocks in the prefix cache and finishes
+    /// sequences at `max_tokens` or the context (`Length`). Entries for requests aborted or
+    /// finished since the plan are skipped. All-or-nothing: a missing or unexpected sample is
+    /// an error before anything changes. Returns the requests finished here for `Length`.
     pub fn update(
         &mut self,
         plan: &StepPlan,
-        sampled: &[(u64, u32)],
+        result: &StepResult,
     ) -> Result<Vec<(u64, FinishReason)>, SchedError> {
         let wanting: HashSet<u64> = plan
             .seqs
@@ -412,21 +414,25 @@ impl Scheduler {
             .map(|s| s.id)
             .collect();
         let mut tokens: HashMap<u64, u32> = HashMap::new();
-        for &(id, t) in sampled {
+        for &(id, t) in &result.sampled {
             if !wanting.contains(&id) || tokens.insert(id, t).is_some() {
                 return Err(SchedError::UnexpectedSample { id });
             }
         }
+        let ended: HashSet<u64> = result.finished.iter().map(|f| f.0).collect();
         for s in plan
             .seqs
             .iter()
-            .filter(|s| s.wants_logits && self.entry_is_live(s))
+            .filter(|s| s.wants_logits && !ended.contains(&s.id) && self.entry_is_live(s))
         {
             if !tokens.contains_key(&s.id) {
                 return Err(SchedError::MissingSample { id: s.id });
             }
         }
 
+        for &(id, reason) in &result.finished {
+            self.finish(id, reason);
+        }
         let mut done = Vec::new();
         for s in &plan.seqs {
             if !self.entry_is_live(s) {

@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use tessera_scheduler::{
     FinishReason, Request, SchedError, ScheduledSeq, Scheduler, SchedulerConfig, Status, StepPlan,
+    StepResult,
 };
 
 /// Finished reasons collected over a run.
@@ -257,13 +258,15 @@ fn abort_between_schedule_and_update_skips_the_entry() {
     let plan = s.schedule();
     s.abort(1);
     let sampled = [(1, 5), (2, 6)];
-    let done = s.update(&plan, &sampled).unwrap();
+    let done = s
+        .update(&plan, &StepResult::sampled(sampled.clone()))
+        .unwrap();
     assert!(done.is_empty());
     assert_eq!(s.generated(2).unwrap(), [6]);
     assert_eq!(s.generated(1).unwrap(), [] as [u32; 0]);
     s.check().unwrap();
     // Applying the same plan twice is harmless: its entries are stale.
-    s.update(&plan, &[(2, 7)]).unwrap();
+    s.update(&plan, &StepResult::sampled([(2, 7)])).unwrap();
     assert_eq!(s.generated(2).unwrap(), [6]);
 }
 
@@ -279,6 +282,46 @@ fn engine_finish_stops_and_frees() {
 }
 
 #[test]
+fn step_result_finishes_end_requests_and_drop_their_token() {
+    let mut s = Scheduler::new(cfg(64, 4)).unwrap();
+    s.add_request(req(1, 4, 50)).unwrap();
+    s.add_request(req(2, 4, 50)).unwrap();
+    s.add_request(req(3, 4, 50)).unwrap();
+    let plan = s.schedule();
+    // 1 sampled EOS, 3's step failed; 2 goes on.
+    let result = StepResult {
+        sampled: vec![(1, 9), (2, 10), (3, 11)],
+        finished: vec![(1, FinishReason::Stop), (3, FinishReason::Error)],
+    };
+    let done = s.update(&plan, &result).unwrap();
+    assert!(
+        done.is_empty(),
+        "engine-side finishes are not reported back"
+    );
+    assert_eq!(s.status(1), Some(Status::Finished(FinishReason::Stop)));
+    assert_eq!(s.status(3), Some(Status::Finished(FinishReason::Error)));
+    assert_eq!(s.generated(1).unwrap(), [] as [u32; 0], "EOS not appended");
+    assert_eq!(s.generated(2).unwrap(), [10]);
+    s.check().unwrap();
+    let next = s.schedule();
+    assert_eq!(next.seqs.iter().map(|q| q.id).collect::<Vec<_>>(), vec![2]);
+    let mut fin = next.finished.clone();
+    fin.sort_by_key(|f| f.0);
+    assert_eq!(fin, vec![(1, FinishReason::Stop), (3, FinishReason::Error)]);
+    // A finished entry needs no sample.
+    s.update(
+        &next,
+        &StepResult {
+            sampled: vec![],
+            finished: vec![(2, FinishReason::Stop)],
+        },
+    )
+    .unwrap();
+    assert_eq!(s.kv().pool().used(), 0);
+    assert!(!s.has_unfinished());
+}
+
+#[test]
 fn update_is_all_or_nothing() {
     let mut s = Scheduler::new(cfg(64, 4)).unwrap();
     s.add_request(req(1, 4, 5)).unwrap();
@@ -287,19 +330,19 @@ fn update_is_all_or_nothing() {
     assert!(plan.get(1).unwrap().wants_logits);
     assert!(!plan.get(2).unwrap().wants_logits);
     assert_eq!(
-        s.update(&plan, &[]),
+        s.update(&plan, &StepResult::default()),
         Err(SchedError::MissingSample { id: 1 })
     );
     assert_eq!(
-        s.update(&plan, &[(1, 3), (2, 4)]),
+        s.update(&plan, &StepResult::sampled([(1, 3), (2, 4)])),
         Err(SchedError::UnexpectedSample { id: 2 })
     );
     assert_eq!(
-        s.update(&plan, &[(1, 3), (1, 4)]),
+        s.update(&plan, &StepResult::sampled([(1, 3), (1, 4)])),
         Err(SchedError::UnexpectedSample { id: 1 })
     );
     assert_eq!(s.num_computed(1), Some(0), "nothing applied");
-    s.update(&plan, &[(1, 3)]).unwrap();
+    s.update(&plan, &StepResult::sampled([(1, 3)])).unwrap();
     assert_eq!(s.num_computed(1), Some(4));
     assert_eq!(s.num_computed(2), Some(32));
 }

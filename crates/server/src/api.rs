@@ -3,9 +3,10 @@
 //! stream-chunk bodies. Extensions beyond OpenAI's schema: `top_k`, `min_p`,
 //! `repetition_penalty`, `ignore_eos` and `priority` (lower runs first; default 0).
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
-use tessera_engine::SamplingParams;
+pub use tessera_engine::{FinishReason, TokenLogprob};
+use tessera_engine::{GenerateRequest, SamplingParams};
 
 /// A request's problem, reported as HTTP 400 naming the field.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,6 +140,24 @@ pub struct GenSpec {
     /// Top alternatives to report per token, if logprobs were asked for.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+}
+
+impl GenSpec {
+    /// The engine request for one choice over `prompt`; `seed_offset` keeps the `n` choices
+    /// of one request from sampling identically under a seed.
+    pub fn request(&self, prompt: Vec<u32>, seed_offset: u64) -> GenerateRequest {
+        let mut params = self.params.clone();
+        params.seed = params.seed.map(|s| s.wrapping_add(seed_offset));
+        GenerateRequest {
+            prompt_ids: prompt,
+            max_tokens: self.max_tokens,
+            params,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            logprobs: self.logprobs,
+            priority: self.priority,
+        }
+    }
 }
 
 fn finite(name: &str, v: f64) -> Result<f64, ApiError> {
@@ -304,23 +323,6 @@ pub fn message_text(m: &Message) -> Result<String, ApiError> {
             Ok(s)
         }
     }
-}
-
-/// One token's log-probability and its top alternatives.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TokenLogprob {
-    pub token: String,
-    pub logprob: f64,
-    pub top: Vec<(String, f64)>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    Stop,
-    Length,
-    /// The request was aborted (client gone, or shutdown).
-    Abort,
 }
 
 pub fn usage(prompt: usize, completion: usize) -> Value {

@@ -1,55 +1,31 @@
-//! The engine step loop: one thread that owns the model, the KV storage and the scheduler,
-//! and turns submitted requests into steps.
+//! The engine thread: owns the model and a [`StepEngine`], takes submissions and aborts from
+//! the HTTP handlers, runs steps, and routes each request's [`RequestEvent`]s to its channel.
 //!
-//! Each step: take new submissions and aborts, ask the scheduler for a [`StepPlan`], run one
-//! batched forward over its chunks (prefill chunks and decode tokens mixed), sample a token
-//! for every sequence whose chunk reached its end, stream the text out, decide EOS and stop
-//! strings, and report back to the scheduler. HTTP handlers talk to it only through
-//! [`EngineHandle`] and per-request event channels; a dropped [`Submission`] aborts its
-//! request, freeing its KV blocks in the next step.
+//! Everything about a step (scheduling, the forward, sampling, stop strings, fault isolation)
+//! is the step engine's; this module only maps requests to channels, keeps the metrics, and
+//! watches its own health: if the thread dies anyway, every channel closes, `/health` answers
+//! 503 with the reason, and new submissions are refused with it. A dropped [`Submission`]
+//! aborts its request, freeing its KV blocks in the next step.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
-use tessera_engine::sampling::{logprob, Sampler};
-use tessera_engine::stop::StopMatcher;
-use tessera_engine::Engine;
-use tessera_model::{BatchMeta, KvStorage, LogitsFor, SeqChunk};
-use tessera_scheduler::{
-    FinishReason as SchedFinish, Request, Scheduler, SchedulerConfig, StepPlan,
-};
-use tessera_tokenizer::StreamDecoder;
+use tessera_engine::step::panic_message;
+use tessera_engine::{Engine, GenerateRequest, RequestEvent, StepEngine, StepOutcome, SubmitError};
+use tessera_scheduler::SchedulerConfig;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::api::{ApiError, FinishReason, GenSpec, TokenLogprob};
+use crate::api::ApiError;
 use crate::metrics::Metrics;
-
-/// What a request's handler hears from the engine.
-#[derive(Debug)]
-pub enum Event {
-    /// Newly completed text and the log-probabilities of the tokens behind it (when asked).
-    Text {
-        text: String,
-        logprobs: Vec<TokenLogprob>,
-    },
-    Finished {
-        reason: FinishReason,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-    },
-    Error(String),
-}
 
 enum Command {
     Submit {
         id: u64,
-        prompt: Vec<u32>,
-        spec: GenSpec,
-        seed_offset: u64,
-        events: UnboundedSender<Event>,
+        req: GenerateRequest,
+        events: UnboundedSender<RequestEvent>,
     },
     Abort(u64),
 }
@@ -58,7 +34,7 @@ enum Command {
 /// aborts the request.
 pub struct Submission {
     pub id: u64,
-    pub events: UnboundedReceiver<Event>,
+    pub events: UnboundedReceiver<RequestEvent>,
     done: bool,
     cmd: mpsc::Sender<Command>,
 }
@@ -78,6 +54,29 @@ impl Drop for Submission {
     }
 }
 
+/// Whether the engine thread runs, and why not.
+#[derive(Default)]
+pub struct Health {
+    stopped: AtomicBool,
+    reason: Mutex<Option<String>>,
+}
+
+impl Health {
+    /// `None` while the engine runs; the reason it stopped otherwise.
+    pub fn stopped(&self) -> Option<String> {
+        if !self.stopped.load(Ordering::Acquire) {
+            return None;
+        }
+        let r = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        Some(r.clone().unwrap_or_else(|| "the engine has stopped".into()))
+    }
+
+    fn stop(&self, reason: String) {
+        *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        self.stopped.store(true, Ordering::Release);
+    }
+}
+
 #[derive(Clone)]
 pub struct EngineHandle {
     cmd: mpsc::Sender<Command>,
@@ -86,20 +85,14 @@ pub struct EngineHandle {
     in_flight: Arc<AtomicUsize>,
     max_in_flight: usize,
     pub metrics: Arc<Metrics>,
-    alive: Arc<AtomicBool>,
+    pub health: Arc<Health>,
 }
 
 impl EngineHandle {
-    /// Queues a request (one choice); `seed_offset` keeps the `n` choices of one request
-    /// from sampling identically under a seed.
-    pub fn submit(
-        &self,
-        prompt: Vec<u32>,
-        spec: &GenSpec,
-        seed_offset: u64,
-    ) -> Result<Submission, ApiError> {
-        if !self.alive.load(Ordering::Acquire) {
-            return Err(ApiError::new(503, "server_error", "the engine has stopped"));
+    /// Queues a request (one choice).
+    pub fn submit(&self, req: GenerateRequest) -> Result<Submission, ApiError> {
+        if let Some(reason) = self.health.stopped() {
+            return Err(ApiError::new(503, "server_error", reason));
         }
         if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -119,14 +112,16 @@ impl EngineHandle {
         let (tx, rx) = unbounded_channel();
         let cmd = Command::Submit {
             id,
-            prompt,
-            spec: spec.clone(),
-            seed_offset,
+            req,
             events: tx,
         };
         if self.cmd.send(cmd).is_err() {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(ApiError::new(503, "server_error", "the engine has stopped"));
+            let reason = self
+                .health
+                .stopped()
+                .unwrap_or_else(|| "the engine has stopped".into());
+            return Err(ApiError::new(503, "server_error", reason));
         }
         Ok(Submission {
             id,
@@ -145,28 +140,16 @@ pub struct LoopConfig {
     pub scheduler: SchedulerConfig,
 }
 
-/// A request the loop is generating for.
-struct Live {
-    events: UnboundedSender<Event>,
-    sampler: Sampler,
-    stream: StreamDecoder,
-    stops: StopMatcher,
-    logprobs: Option<usize>,
-    ignore_eos: bool,
-    prompt_tokens: usize,
-    generated: usize,
+/// Where a live request's events go, and its timing for the metrics.
+struct Route {
+    events: UnboundedSender<RequestEvent>,
     submitted: Instant,
     first_token: Option<Instant>,
+    generated: usize,
 }
 
-/// Starts the loop on its own thread.
+/// Starts the engine thread; returns once its step engine (KV storage included) exists.
 pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
-    let sched =
-        Scheduler::new(cfg.scheduler.clone()).map_err(|e| anyhow::anyhow!("scheduler: {e}"))?;
-    let kv = engine
-        .model
-        .new_kv_storage(cfg.scheduler.block_size, cfg.scheduler.num_blocks)
-        .map_err(|e| anyhow::anyhow!("KV storage: {e}"))?;
     let (tx, rx) = mpsc::channel();
     let metrics = Arc::new(Metrics::default());
     *metrics.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
@@ -179,40 +162,59 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
         in_flight: Arc::new(AtomicUsize::new(0)),
         max_in_flight: cfg.scheduler.max_waiting + cfg.scheduler.max_num_seqs,
         metrics: metrics.clone(),
-        alive: Arc::new(AtomicBool::new(true)),
+        health: Arc::new(Health::default()),
     };
-    let (in_flight, alive) = (handle.in_flight.clone(), handle.alive.clone());
+    let (in_flight, health) = (handle.in_flight.clone(), handle.health.clone());
+    let (ready_tx, ready_rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("tessera-engine".into())
         .spawn(move || {
+            let steps = match StepEngine::new(&engine, cfg.scheduler) {
+                Ok(s) => {
+                    let _ = ready_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
             let mut l = Loop {
-                engine,
-                kv,
-                sched,
-                live: HashMap::new(),
+                steps,
+                routes: HashMap::new(),
                 metrics,
                 in_flight,
             };
-            l.run(rx);
-            alive.store(false, Ordering::Release);
+            let reason = match catch_unwind(AssertUnwindSafe(|| l.run(rx))) {
+                Ok(()) => "the engine has stopped".to_string(),
+                Err(p) => {
+                    let what = panic_message(&p);
+                    tracing::error!("the engine thread died: {what}");
+                    format!("the engine thread died: {what}")
+                }
+            };
+            health.stop(reason);
+            // Dropping the loop closes every request's channel.
         })?;
-    Ok(handle)
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(handle),
+        Ok(Err(e)) => Err(anyhow::anyhow!("starting the engine: {e}")),
+        Err(_) => Err(anyhow::anyhow!("the engine thread died while starting")),
+    }
 }
 
-struct Loop {
-    engine: Engine,
-    kv: KvStorage,
-    sched: Scheduler,
-    live: HashMap<u64, Live>,
+struct Loop<'e> {
+    steps: StepEngine<'e>,
+    routes: HashMap<u64, Route>,
     metrics: Arc<Metrics>,
     in_flight: Arc<AtomicUsize>,
 }
 
-impl Loop {
+impl Loop<'_> {
     fn run(&mut self, rx: mpsc::Receiver<Command>) {
         loop {
             // Idle: block for the next command; busy: take what has arrived.
-            if !self.sched.has_unfinished() {
+            if !self.steps.has_work() {
                 match rx.recv() {
                     Ok(c) => self.command(c),
                     Err(_) => return,
@@ -221,8 +223,9 @@ impl Loop {
             while let Ok(c) = rx.try_recv() {
                 self.command(c);
             }
-            if self.sched.has_unfinished() {
-                self.step();
+            if self.steps.has_work() {
+                let out = self.steps.step();
+                self.deliver(out);
             }
             self.publish_gauges();
         }
@@ -230,274 +233,105 @@ impl Loop {
 
     fn command(&mut self, c: Command) {
         match c {
-            Command::Submit {
-                id,
-                prompt,
-                spec,
-                seed_offset,
-                events,
-            } => {
-                let mut params = spec.params.clone();
-                params.seed = params.seed.map(|s| s.wrapping_add(seed_offset));
-                let req =
-                    Request::new(id, prompt.clone(), spec.max_tokens).with_priority(spec.priority);
-                if let Err(e) = self.sched.add_request(req) {
-                    let _ = events.send(Event::Error(format!("request rejected: {e}")));
+            Command::Submit { id, req, events } => {
+                let prompt_tokens = req.prompt_ids.len();
+                if let Err(e) = self.steps.submit(id, &req) {
+                    let message = match e {
+                        SubmitError::Invalid(m) => format!("request rejected: {m}"),
+                        SubmitError::Overloaded(m) => format!("server overloaded: {m}"),
+                    };
+                    let _ = events.send(RequestEvent::Failed { message });
                     self.in_flight.fetch_sub(1, Ordering::AcqRel);
                     return;
                 }
                 self.metrics
                     .prompt_tokens
-                    .fetch_add(prompt.len() as u64, Ordering::Relaxed);
-                self.live.insert(
+                    .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+                self.routes.insert(
                     id,
-                    Live {
+                    Route {
                         events,
-                        sampler: Sampler::new(params, &prompt),
-                        stream: StreamDecoder::new(),
-                        stops: StopMatcher::new(&spec.stop),
-                        logprobs: spec.logprobs,
-                        ignore_eos: spec.ignore_eos,
-                        prompt_tokens: prompt.len(),
-                        generated: 0,
                         submitted: Instant::now(),
                         first_token: None,
+                        generated: 0,
                     },
                 );
             }
-            Command::Abort(id) => {
-                self.sched.abort(id);
-                if self.live.remove(&id).is_some() {
-                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                }
-            }
+            Command::Abort(id) => self.forget(id, true),
         }
     }
 
-    fn step(&mut self) {
-        let plan = self.sched.schedule();
-        self.metrics.steps.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .preemptions
-            .fetch_add(plan.preempted.len() as u64, Ordering::Relaxed);
-        for &(id, reason) in &plan.finished {
-            self.complete(id, reason, None);
+    /// Drops request `id`'s route (aborting it in the engine when it is still live).
+    fn forget(&mut self, id: u64, abort: bool) {
+        if abort {
+            self.steps.abort(id);
         }
-        if plan.is_empty() {
-            return;
-        }
-        let batch = BatchMeta {
-            seqs: plan
-                .seqs
-                .iter()
-                .map(|s| SeqChunk {
-                    tokens: s.tokens.clone(),
-                    start_pos: s.start_pos,
-                    block_table: s.block_table.clone(),
-                    logits: if s.wants_logits {
-                        LogitsFor::Last
-                    } else {
-                        LogitsFor::None
-                    },
-                })
-                .collect(),
-        };
-        let logits = match self
-            .engine
-            .model
-            .forward(&batch, &mut self.kv, &self.engine.ctx())
-        {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!("forward failed: {e}");
-                for s in &plan.seqs {
-                    self.fail(s.id, &format!("the forward step failed: {e}"));
-                }
-                return;
-            }
-        };
-        let sampled = self.sample(&plan, &logits);
-        match self.sched.update(&plan, &sampled) {
-            Ok(done) => {
-                for (id, reason) in done {
-                    self.complete(id, reason, None);
-                }
-            }
-            Err(e) => {
-                tracing::error!("scheduler update failed: {e}");
-                for s in &plan.seqs {
-                    self.fail(s.id, &format!("scheduler error: {e}"));
-                }
-            }
-        }
-    }
-
-    /// Samples a token for every chunk that reached its end, streams its text, and finishes
-    /// requests on EOS or a stop string. Returns the samples for `Scheduler::update`.
-    fn sample(&mut self, plan: &StepPlan, logits: &tessera_model::Logits) -> Vec<(u64, u32)> {
-        let mut out = vec![];
-        let tok = self.engine.tokenizer.clone();
-        for (i, s) in plan.seqs.iter().enumerate() {
-            if !s.wants_logits {
-                continue;
-            }
-            let Some(row) = logits.last_of(i) else {
-                continue;
-            };
-            let Some(live) = self.live.get_mut(&s.id) else {
-                continue;
-            };
-            let token = live.sampler.sample(row);
-            live.sampler.accept(token);
-            out.push((s.id, token));
-            let now = Instant::now();
-            if live.first_token.is_none() {
-                live.first_token = Some(now);
-                self.metrics
-                    .ttft
-                    .observe((now - live.submitted).as_secs_f64());
-            }
-            if !live.ignore_eos && tok.is_eos(token) {
-                self.sched.finish(s.id, SchedFinish::Stop);
-                let rest = flush(live, &tok);
-                self.complete(s.id, SchedFinish::Stop, rest);
-                continue;
-            }
-            live.generated += 1;
-            self.metrics
-                .generation_tokens
-                .fetch_add(1, Ordering::Relaxed);
-            let lps = match live.logprobs {
-                Some(top) => vec![token_logprob(&tok, row, token, top)],
-                None => vec![],
-            };
-            let text = live
-                .stream
-                .push(&tok, token)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            let (emit, hit) = live.stops.push(&text);
-            if !emit.is_empty() || !lps.is_empty() {
-                if live
-                    .events
-                    .send(Event::Text {
-                        text: emit,
-                        logprobs: lps,
-                    })
-                    .is_err()
-                {
-                    // The client is gone: free its blocks now.
-                    self.sched.abort(s.id);
-                    self.live.remove(&s.id);
-                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                    continue;
-                }
-            }
-            if hit {
-                self.sched.finish(s.id, SchedFinish::Stop);
-                self.complete(s.id, SchedFinish::Stop, None);
-            }
-        }
-        out
-    }
-
-    /// Sends the final event and forgets the request.
-    fn complete(&mut self, id: u64, reason: SchedFinish, rest: Option<String>) {
-        let Some(mut live) = self.live.remove(&id) else {
-            return;
-        };
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        let reason = match reason {
-            SchedFinish::Stop => FinishReason::Stop,
-            SchedFinish::Length => FinishReason::Length,
-            SchedFinish::Aborted => FinishReason::Abort,
-        };
-        let rest = match (reason, rest) {
-            (_, Some(r)) => Some(r),
-            (FinishReason::Length, None) => flush(&mut live, &self.engine.tokenizer.clone()),
-            _ => None,
-        };
-        if let Some(text) = rest.filter(|t| !t.is_empty()) {
-            let _ = live.events.send(Event::Text {
-                text,
-                logprobs: vec![],
-            });
-        }
-        if let (Some(first), true) = (live.first_token, live.generated > 1) {
-            let per = first.elapsed().as_secs_f64() / (live.generated - 1) as f64;
-            self.metrics.tpot.observe(per);
-        }
-        self.metrics
-            .requests_finished
-            .fetch_add(1, Ordering::Relaxed);
-        let _ = live.events.send(Event::Finished {
-            reason,
-            prompt_tokens: live.prompt_tokens,
-            completion_tokens: live.generated,
-        });
-    }
-
-    fn fail(&mut self, id: u64, msg: &str) {
-        self.sched.abort(id);
-        if let Some(live) = self.live.remove(&id) {
+        if self.routes.remove(&id).is_some() {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            let _ = live.events.send(Event::Error(msg.to_string()));
+        }
+    }
+
+    fn deliver(&mut self, out: StepOutcome) {
+        let m = self.metrics.clone();
+        m.steps.fetch_add(1, Ordering::Relaxed);
+        m.preemptions
+            .fetch_add(out.preempted as u64, Ordering::Relaxed);
+        m.requests_failed
+            .fetch_add(out.failed as u64, Ordering::Relaxed);
+        for (id, ev) in out.events {
+            let Some(route) = self.routes.get_mut(&id) else {
+                continue;
+            };
+            let last = !matches!(ev, RequestEvent::Text { .. });
+            match &ev {
+                RequestEvent::Text {
+                    text,
+                    tokens,
+                    logprobs,
+                } => {
+                    if !tokens.is_empty() {
+                        route.generated += tokens.len();
+                        m.generation_tokens
+                            .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+                    }
+                    if route.first_token.is_none() {
+                        let now = Instant::now();
+                        route.first_token = Some(now);
+                        m.ttft.observe((now - route.submitted).as_secs_f64());
+                    }
+                    if text.is_empty() && logprobs.is_empty() {
+                        continue;
+                    }
+                }
+                RequestEvent::Finished { .. } => {
+                    if let (Some(first), true) = (route.first_token, route.generated > 1) {
+                        let per = first.elapsed().as_secs_f64() / (route.generated - 1) as f64;
+                        m.tpot.observe(per);
+                    }
+                    m.requests_finished.fetch_add(1, Ordering::Relaxed);
+                }
+                RequestEvent::Failed { .. } => {}
+            }
+            let gone = route.events.send(ev).is_err();
+            if last || gone {
+                // A client gone mid-stream: free its blocks now.
+                self.forget(id, gone && !last);
+            }
         }
     }
 
     fn publish_gauges(&self) {
         let m = &self.metrics;
         m.waiting
-            .store(self.sched.num_waiting() as u64, Ordering::Relaxed);
+            .store(self.steps.num_waiting() as u64, Ordering::Relaxed);
         m.running
-            .store(self.sched.num_running() as u64, Ordering::Relaxed);
-        let kv = self.sched.kv_metrics();
+            .store(self.steps.num_running() as u64, Ordering::Relaxed);
+        let kv = self.steps.kv_metrics();
         m.kv_blocks_used
             .store(kv.blocks_used as u64, Ordering::Relaxed);
         m.prefix_cache_queries
             .store(kv.prefix_query_tokens as u64, Ordering::Relaxed);
         m.prefix_cache_hits
             .store(kv.prefix_hit_tokens as u64, Ordering::Relaxed);
-    }
-}
-
-/// Text held back by the stream decoder and the stop matcher, at the end of a request.
-fn flush(live: &mut Live, tok: &tessera_tokenizer::Tokenizer) -> Option<String> {
-    let mut s = String::new();
-    if let Ok(Some(t)) = live.stream.finish(tok) {
-        let (emit, hit) = live.stops.push(&t);
-        s.push_str(&emit);
-        if hit {
-            return Some(s);
-        }
-    }
-    s.push_str(&live.stops.flush());
-    Some(s)
-}
-
-fn token_logprob(
-    tok: &tessera_tokenizer::Tokenizer,
-    row: &[f32],
-    token: u32,
-    top: usize,
-) -> TokenLogprob {
-    let text = |id: u32| tok.decode(&[id]).unwrap_or_default();
-    let mut idx: Vec<usize> = (0..row.len()).collect();
-    let top_n = top.min(row.len());
-    if top_n > 0 {
-        idx.select_nth_unstable_by(top_n - 1, |&a, &b| row[b].total_cmp(&row[a]));
-        idx.truncate(top_n);
-        idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
-    } else {
-        idx.clear();
-    }
-    TokenLogprob {
-        token: text(token),
-        logprob: logprob(row, token as usize),
-        top: idx
-            .into_iter()
-            .map(|i| (text(i as u32), logprob(row, i)))
-            .collect(),
     }
 }

@@ -22,7 +22,8 @@ use tessera_tokenizer::{ChatMessage, Tokenizer};
 use crate::api::{
     self, ApiError, ChatRequest, CompletionRequest, GenSpec, PromptField, TokenLogprob,
 };
-use crate::engine_loop::{EngineHandle, Event, Submission};
+use crate::engine_loop::{EngineHandle, Submission};
+use tessera_engine::RequestEvent as Event;
 
 pub struct AppState {
     pub handle: EngineHandle,
@@ -45,7 +46,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
-        .route("/health", get(|| async { "ok" }))
+        .route("/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
@@ -96,6 +97,14 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// `ok` while the engine runs; 503 with the reason once it has stopped.
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.handle.health.stopped() {
+        None => "ok".into_response(),
+        Some(reason) => ApiError::new(503, "server_error", reason).into_response(),
+    }
+}
+
 async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     if let Err(e) = check_key(&state, &headers) {
         return e.into_response();
@@ -142,7 +151,7 @@ fn submit_all(
     let mut subs = vec![];
     for ids in prompts {
         for j in 0..spec.n {
-            subs.push(state.handle.submit(ids.clone(), spec, j as u64)?);
+            subs.push(state.handle.submit(spec.request(ids.clone(), j as u64))?);
         }
     }
     Ok(subs)
@@ -158,11 +167,25 @@ struct Choice {
     completion_tokens: usize,
 }
 
-async fn collect(mut sub: Submission) -> Result<Choice, ApiError> {
+/// The error for a request whose channel closed before it finished: the engine stopped.
+fn engine_gone(state: &AppState) -> ApiError {
+    let reason = state
+        .handle
+        .health
+        .stopped()
+        .unwrap_or_else(|| "the engine has stopped".into());
+    ApiError::new(
+        500,
+        "server_error",
+        format!("the request did not finish: {reason}"),
+    )
+}
+
+async fn collect(state: &AppState, mut sub: Submission) -> Result<Choice, ApiError> {
     let mut c = Choice::default();
     while let Some(ev) = sub.events.recv().await {
         match ev {
-            Event::Text { text, logprobs } => {
+            Event::Text { text, logprobs, .. } => {
                 c.text.push_str(&text);
                 c.logprobs.extend(logprobs);
             }
@@ -177,17 +200,13 @@ async fn collect(mut sub: Submission) -> Result<Choice, ApiError> {
                 sub.finished();
                 return Ok(c);
             }
-            Event::Error(msg) => {
+            Event::Failed { message } => {
                 sub.finished();
-                return Err(ApiError::new(500, "server_error", msg));
+                return Err(ApiError::new(500, "server_error", message));
             }
         }
     }
-    Err(ApiError::new(
-        500,
-        "server_error",
-        "the engine stopped before the request finished",
-    ))
+    Err(engine_gone(state))
 }
 
 async fn completions(
@@ -239,7 +258,9 @@ async fn completions_inner(
     if spec.stream {
         let include_usage = spec.include_usage;
         let stream = sse_stream(
+            state.clone(),
             subs,
+            spec.n,
             include_usage,
             move |index, ev| match ev {
                 StreamItem::Delta { text, logprobs } => Some(
@@ -248,7 +269,7 @@ async fn completions_inner(
                 ),
                 StreamItem::Finish(reason) => Some(
                     json!({"id": id, "object": "text_completion", "created": now(), "model": model,
-                "choices": [{"index": index, "text": "", "logprobs": Value::Null, "finish_reason": reason}]}),
+                "choices": [{"index": index, "text": "", "logprobs": Value::Null, "finish_reason": reason.as_str()}]}),
                 ),
             },
             spec.logprobs.is_some(),
@@ -260,14 +281,14 @@ async fn completions_inner(
     let mut choices = vec![];
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     for (i, sub) in subs.into_iter().enumerate() {
-        let c = collect(sub).await?;
+        let c = collect(&state, sub).await?;
         if i % spec.n == 0 {
             prompt_tokens += c.prompt_tokens;
         }
         completion_tokens += c.completion_tokens;
         choices.push(json!({"index": i, "text": c.text,
             "logprobs": spec.logprobs.map(|_| api::completion_logprobs(&c.logprobs, 0)),
-            "finish_reason": c.finish}));
+            "finish_reason": c.finish.map(|r| r.as_str())}));
     }
     Ok(Json(
         json!({"id": id, "object": "text_completion", "created": now(), "model": state.model_name,
@@ -331,7 +352,9 @@ async fn chat_inner(
     let model = state.model_name.clone();
     if spec.stream {
         let stream = sse_stream(
+            state.clone(),
             subs,
+            spec.n,
             spec.include_usage,
             move |index, ev| match ev {
                 StreamItem::Delta { text, logprobs } => Some(
@@ -340,7 +363,7 @@ async fn chat_inner(
                 ),
                 StreamItem::Finish(reason) => Some(
                     json!({"id": id, "object": "chat.completion.chunk", "created": now(), "model": model,
-                "choices": [{"index": index, "delta": {}, "logprobs": Value::Null, "finish_reason": reason}]}),
+                "choices": [{"index": index, "delta": {}, "logprobs": Value::Null, "finish_reason": reason.as_str()}]}),
                 ),
             },
             spec.logprobs.is_some(),
@@ -352,13 +375,13 @@ async fn chat_inner(
     let mut choices = vec![];
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     for (i, sub) in subs.into_iter().enumerate() {
-        let c = collect(sub).await?;
+        let c = collect(&state, sub).await?;
         if i == 0 {
             prompt_tokens = c.prompt_tokens;
         }
         completion_tokens += c.completion_tokens;
         choices.push(json!({"index": i, "message": {"role": "assistant", "content": c.text},
-            "logprobs": spec.logprobs.map(|_| api::chat_logprobs(&c.logprobs)), "finish_reason": c.finish}));
+            "logprobs": spec.logprobs.map(|_| api::chat_logprobs(&c.logprobs)), "finish_reason": c.finish.map(|r| r.as_str())}));
     }
     Ok(Json(
         json!({"id": id, "object": "chat.completion", "created": now(), "model": state.model_name,
@@ -376,76 +399,78 @@ enum StreamItem {
 }
 
 /// Merges the choices' event streams into SSE events; `render` builds each chunk's JSON.
+/// Choice `i` belongs to prompt `i / n`. A choice whose channel closes before it finished
+/// (the engine stopped) gets an error event; usage counts every prompt's tokens once.
 /// Dropping the stream (client gone) drops the submissions, which abort their requests.
 fn sse_stream(
+    state: Arc<AppState>,
     subs: Vec<Submission>,
+    n: usize,
     include_usage: bool,
     render: impl Fn(usize, StreamItem) -> Option<Value> + Send + 'static,
     with_logprobs: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
-    let total = subs.len();
     let merged = stream::select_all(subs.into_iter().enumerate().map(|(i, sub)| {
         stream::unfold(Some(sub), move |sub| async move {
             let mut sub = sub?;
-            let ev = sub.events.recv().await;
-            match ev {
-                None => None,
-                Some(ev @ (Event::Finished { .. } | Event::Error(_))) => {
+            match sub.events.recv().await {
+                // Closed without a last event: the engine is gone.
+                None => Some(((i, None), None)),
+                Some(ev @ (Event::Finished { .. } | Event::Failed { .. })) => {
                     sub.finished();
-                    Some(((i, ev), None))
+                    Some(((i, Some(ev)), None))
                 }
-                Some(ev) => Some(((i, ev), Some(sub))),
+                Some(ev) => Some(((i, Some(ev)), Some(sub))),
             }
         })
         .boxed()
     }));
-    let state = std::sync::Arc::new(std::sync::Mutex::new((0usize, 0usize, 0usize)));
-    let done_state = state.clone();
+    // (prompt tokens, completion tokens) over all choices.
+    let usage = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
+    let tail_usage = usage.clone();
+    let n = n.max(1);
     let body = merged.filter_map(move |(i, ev)| {
         let item = match ev {
-            Event::Text { text, logprobs } => Some(render(
+            Some(Event::Text { text, logprobs, .. }) => render(
                 i,
                 StreamItem::Delta {
                     text,
                     logprobs: with_logprobs.then_some(logprobs),
                 },
-            )),
-            Event::Finished {
+            ),
+            Some(Event::Finished {
                 reason,
                 prompt_tokens,
                 completion_tokens,
-            } => {
-                let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-                s.0 += 1;
-                if s.1 == 0 {
-                    s.1 = prompt_tokens;
+            }) => {
+                let mut u = usage.lock().unwrap_or_else(|e| e.into_inner());
+                if i % n == 0 {
+                    u.0 += prompt_tokens;
                 }
-                s.2 += completion_tokens;
-                Some(render(i, StreamItem::Finish(reason)))
+                u.1 += completion_tokens;
+                render(i, StreamItem::Finish(reason))
             }
-            Event::Error(msg) => Some(Some(
-                json!({"error": {"message": msg, "type": "server_error"}}),
-            )),
+            Some(Event::Failed { message }) => Some(error_chunk(&message)),
+            None => Some(error_chunk(&engine_gone(&state).message)),
         };
-        std::future::ready(
-            item.flatten()
-                .map(|v| Ok(SseEvent::default().data(v.to_string()))),
-        )
+        std::future::ready(item.map(|v| Ok(SseEvent::default().data(v.to_string()))))
     });
-    let tail = stream::once(async move {
-        let s = *done_state.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = total;
-        s
-    })
-    .flat_map(move |(_, p, c)| {
-        let mut v = vec![];
-        if include_usage {
-            v.push(Ok(SseEvent::default().data(
-                json!({"object": "usage", "choices": [], "usage": api::usage(p, c)}).to_string(),
-            )));
-        }
-        v.push(Ok(SseEvent::default().data("[DONE]")));
-        stream::iter(v)
-    });
+    let tail = stream::once(async move { *tail_usage.lock().unwrap_or_else(|e| e.into_inner()) })
+        .flat_map(move |(p, c)| {
+            let mut v = vec![];
+            if include_usage {
+                v.push(Ok(SseEvent::default().data(
+                    json!({"object": "usage", "choices": [], "usage": api::usage(p, c)})
+                        .to_string(),
+                )));
+            }
+            v.push(Ok(SseEvent::default().data("[DONE]")));
+            stream::iter(v)
+        });
     body.chain(tail)
+}
+
+/// An error event inside a stream.
+fn error_chunk(message: &str) -> Value {
+    json!({"error": {"message": message, "type": "server_error"}})
 }

@@ -57,6 +57,7 @@ pub struct Metrics {
     pub generation_tokens: AtomicU64,
     pub requests_finished: AtomicU64,
     pub requests_rejected: AtomicU64,
+    pub requests_failed: AtomicU64,
     pub steps: AtomicU64,
     pub preemptions: AtomicU64,
     pub ttft: Histogram,
@@ -137,6 +138,12 @@ impl Metrics {
             "tessera_requests_rejected_total",
             "Requests rejected (queue full).",
             l(&self.requests_rejected),
+        );
+        counter(
+            &mut s,
+            "tessera_requests_failed_total",
+            "Requests ended by an error in their engine step.",
+            l(&self.requests_failed),
         );
         counter(
             &mut s,

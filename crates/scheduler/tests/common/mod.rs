@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use tessera_scheduler::{Request, Scheduler, SchedulerConfig, StepPlan};
+use tessera_scheduler::{Request, Scheduler, SchedulerConfig, StepPlan, StepResult};
 
 pub fn sample(id: u64, len: usize) -> u32 {
     ((id * 7919 + len as u64 * 104_729) % 50_000) as u32 + 1
@@ -40,7 +40,8 @@ pub fn step(s: &mut Scheduler) -> StepPlan {
         .filter(|q| q.wants_logits)
         .map(|q| (q.id, sample(q.id, q.end_pos())))
         .collect();
-    s.update(&plan, &sampled).expect("update");
+    s.update(&plan, &StepResult::sampled(sampled.clone()))
+        .expect("update");
     s.check().expect("consistent after update");
     plan
 }

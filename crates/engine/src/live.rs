@@ -1,0 +1,113 @@
+//! A live request's state in the step engine, and the one per-token pipeline every front end
+//! shares: sample → EOS → accept → detokenize → stop strings.
+
+use tessera_core::Result;
+use tessera_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::request::{FinishReason, GenerateRequest, TokenLogprob};
+use crate::sampling::{logprob, Sampler};
+use crate::stop::StopMatcher;
+
+pub(crate) struct LiveRequest {
+    sampler: Sampler,
+    stream: StreamDecoder,
+    stops: StopMatcher,
+    logprobs: Option<usize>,
+    ignore_eos: bool,
+    pub prompt_tokens: usize,
+    /// Tokens generated and accepted (EOS not counted).
+    pub generated: usize,
+}
+
+/// What one sampled token did.
+pub(crate) struct TokenStep {
+    pub token: u32,
+    /// Text safe to emit now.
+    pub text: String,
+    /// The token's ids as emitted (empty for an EOS, which is not part of the output).
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    /// `Stop` on EOS or a stop string.
+    pub finish: Option<FinishReason>,
+}
+
+impl LiveRequest {
+    pub fn new(req: &GenerateRequest) -> Self {
+        LiveRequest {
+            sampler: Sampler::new(req.params.clone(), &req.prompt_ids),
+            stream: StreamDecoder::new(),
+            stops: StopMatcher::new(&req.stop),
+            logprobs: req.logprobs,
+            ignore_eos: req.ignore_eos,
+            prompt_tokens: req.prompt_ids.len(),
+            generated: 0,
+        }
+    }
+
+    /// Samples the next token from `row` and runs it through EOS, penalties, detokenization
+    /// and stop strings.
+    pub fn on_logits(&mut self, tok: &Tokenizer, row: &[f32]) -> Result<TokenStep> {
+        let token = self.sampler.sample(row);
+        if !self.ignore_eos && tok.is_eos(token) {
+            return Ok(TokenStep {
+                token,
+                text: self.flush(tok)?,
+                tokens: vec![],
+                logprobs: vec![],
+                finish: Some(FinishReason::Stop),
+            });
+        }
+        self.sampler.accept(token);
+        self.generated += 1;
+        let logprobs = match self.logprobs {
+            Some(top) => vec![token_logprob(tok, row, token, top)],
+            None => vec![],
+        };
+        let piece = self.stream.push(tok, token)?.unwrap_or_default();
+        let (text, hit) = self.stops.push(&piece);
+        Ok(TokenStep {
+            token,
+            text,
+            tokens: vec![token],
+            logprobs,
+            finish: hit.then_some(FinishReason::Stop),
+        })
+    }
+
+    /// Text held back by the stream decoder and the stop matcher, at the end of a request
+    /// (cut before a stop string completed by it).
+    pub fn flush(&mut self, tok: &Tokenizer) -> Result<String> {
+        let mut s = String::new();
+        if let Some(t) = self.stream.finish(tok)? {
+            let (emit, hit) = self.stops.push(&t);
+            s.push_str(&emit);
+            if hit {
+                return Ok(s);
+            }
+        }
+        s.push_str(&self.stops.flush());
+        Ok(s)
+    }
+}
+
+/// Log-probability of `token` under `row` and the `top` most likely alternatives.
+pub fn token_logprob(tok: &Tokenizer, row: &[f32], token: u32, top: usize) -> TokenLogprob {
+    let text = |id: u32| tok.decode(&[id]).unwrap_or_default();
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    let top_n = top.min(row.len());
+    if top_n > 0 {
+        idx.select_nth_unstable_by(top_n - 1, |&a, &b| row[b].total_cmp(&row[a]));
+        idx.truncate(top_n);
+        idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    } else {
+        idx.clear();
+    }
+    TokenLogprob {
+        token: text(token),
+        logprob: logprob(row, token as usize),
+        top: idx
+            .into_iter()
+            .map(|i| (text(i as u32), logprob(row, i)))
+            .collect(),
+    }
+}

@@ -1,0 +1,325 @@
+//! The step engine: the one loop under every front end (`generate`, `bench model`, `serve`).
+//!
+//! It owns the scheduler, the KV storage, the activation workspace and each live request's
+//! state (sampler, stream decoder, stop matcher, counters). One [`StepEngine::step`] call runs
+//! one step: `Scheduler::schedule() -> StepPlan`, the staged forward over the plan's chunks,
+//! sampling (the per-token pipeline of [`crate::live`]), then `Scheduler::update(&plan,
+//! &StepResult)`, and hands back what each request should hear as plain [`RequestEvent`]s.
+//!
+//! Faults stay with the requests they hit: an error or a panic anywhere in the forward or
+//! sampling fails the requests of that step (an error naming one sequence fails that one
+//! alone; the others are recomputed next step), frees their KV blocks, and leaves the engine
+//! ready for the next step.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use tessera_core::{Error, Result};
+use tessera_model::{BatchMeta, KvStorage, LogitsFor, SeqChunk, Workspace};
+use tessera_scheduler::{
+    KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult,
+};
+
+use crate::live::LiveRequest;
+use crate::request::{FinishReason, GenerateRequest, RequestEvent, SubmitError};
+use crate::Engine;
+
+/// What one step did.
+#[derive(Debug, Default)]
+pub struct StepOutcome {
+    /// Events for the front ends, in order per request.
+    pub events: Vec<(u64, RequestEvent)>,
+    /// Tokens and sequences the step computed (0 if it ran nothing).
+    pub tokens: usize,
+    pub seqs: usize,
+    /// Requests preempted by this step's schedule.
+    pub preempted: usize,
+    /// Requests failed by this step.
+    pub failed: usize,
+}
+
+/// A test-only fault injected into a step (see [`Engine::fault_hook`]).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A compute unit panics inside the forward.
+    Panic,
+    /// The forward returns an error.
+    Error,
+}
+
+pub struct StepEngine<'e> {
+    engine: &'e Engine,
+    sched: Scheduler,
+    kv: KvStorage,
+    ws: Workspace,
+    live: HashMap<u64, LiveRequest>,
+}
+
+impl<'e> StepEngine<'e> {
+    /// An engine over `engine`'s model with a KV storage of `cfg.num_blocks` blocks.
+    pub fn new(engine: &'e Engine, cfg: SchedulerConfig) -> Result<Self> {
+        let kv = engine
+            .model
+            .new_kv_storage(cfg.block_size, cfg.num_blocks)?;
+        let sched = Scheduler::new(cfg).map_err(|e| Error::Config(format!("scheduler: {e}")))?;
+        Ok(StepEngine {
+            engine,
+            sched,
+            kv,
+            ws: Workspace::new(),
+            live: HashMap::new(),
+        })
+    }
+
+    pub fn engine(&self) -> &'e Engine {
+        self.engine
+    }
+    pub fn config(&self) -> &SchedulerConfig {
+        self.sched.config()
+    }
+    /// Requests submitted and not yet finished.
+    pub fn has_work(&self) -> bool {
+        self.sched.has_unfinished()
+    }
+    pub fn num_live(&self) -> usize {
+        self.live.len()
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.sched.num_waiting()
+    }
+    pub fn num_running(&self) -> usize {
+        self.sched.num_running()
+    }
+    pub fn kv_metrics(&self) -> KvMetrics {
+        self.sched.kv_metrics()
+    }
+
+    /// Queues request `id` (ids are the caller's and must be unique among live requests).
+    pub fn submit(&mut self, id: u64, req: &GenerateRequest) -> Result<(), SubmitError> {
+        req.params
+            .validate()
+            .map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        let r =
+            Request::new(id, req.prompt_ids.clone(), req.max_tokens).with_priority(req.priority);
+        self.sched.add_request(r).map_err(|e| match e {
+            SchedError::QueueFull { .. } => SubmitError::Overloaded(e.to_string()),
+            e => SubmitError::Invalid(e.to_string()),
+        })?;
+        self.live.insert(id, LiveRequest::new(req));
+        Ok(())
+    }
+
+    /// Ends request `id` at once, freeing its blocks; it hears nothing more. Returns false if
+    /// it was not live.
+    pub fn abort(&mut self, id: u64) -> bool {
+        self.sched.abort(id);
+        self.live.remove(&id).is_some()
+    }
+
+    /// Runs one step.
+    pub fn step(&mut self) -> StepOutcome {
+        let plan = self.sched.schedule();
+        let mut out = StepOutcome {
+            tokens: plan.num_tokens(),
+            seqs: plan.seqs.len(),
+            preempted: plan.preempted.len(),
+            ..Default::default()
+        };
+        // Requests the scheduler ended since the last step (e.g. one outgrowing the cache).
+        for &(id, reason) in &plan.finished {
+            self.complete(id, reason, &mut out.events);
+        }
+        if plan.is_empty() {
+            return out;
+        }
+        let run = catch_unwind(AssertUnwindSafe(|| self.run_plan(&plan)));
+        match run {
+            Ok(Ok((result, events))) => {
+                out.events.extend(events);
+                match self.sched.update(&plan, &result) {
+                    Ok(done) => {
+                        for &(id, reason) in result.finished.iter().chain(&done) {
+                            self.complete(id, reason, &mut out.events);
+                        }
+                    }
+                    Err(e) => {
+                        let msg = format!("internal scheduler error in step {}: {e}", plan.step);
+                        self.fail_all(&plan, &msg, &mut out);
+                    }
+                }
+            }
+            Ok(Err(Error::Sequence { seq, reason })) if seq < plan.seqs.len() => {
+                // Validation failed before any computation: only that request is at fault;
+                // the others are recomputed from where they were next step.
+                let id = plan.seqs[seq].id;
+                tracing::warn!("step {}: request {id}: {reason}", plan.step);
+                self.fail(
+                    id,
+                    &format!("the request cannot be computed: {reason}"),
+                    &mut out,
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::error!("step {} failed: {e}", plan.step);
+                let msg = format!("the forward step failed: {e}");
+                self.fail_all(&plan, &msg, &mut out);
+            }
+            Err(panic) => {
+                let what = panic_message(&panic);
+                tracing::error!("step {} panicked: {what}", plan.step);
+                let msg = format!("internal error: the engine step panicked ({what})");
+                self.fail_all(&plan, &msg, &mut out);
+            }
+        }
+        out
+    }
+
+    /// The forward over `plan` and sampling for every chunk that reached its end. Changes no
+    /// scheduler state, so a failure can be undone by failing the plan's requests.
+    fn run_plan(&mut self, plan: &StepPlan) -> Result<(StepResult, Vec<(u64, RequestEvent)>)> {
+        let batch = BatchMeta {
+            seqs: plan
+                .seqs
+                .iter()
+                .map(|s| {
+                    SeqChunk::new(
+                        s.tokens.clone(),
+                        s.start_pos,
+                        s.block_table.clone(),
+                        if s.wants_logits {
+                            LogitsFor::Last
+                        } else {
+                            LogitsFor::None
+                        },
+                    )
+                })
+                .collect(),
+        };
+        let engine = self.engine;
+        #[cfg(feature = "fault-injection")]
+        if let Some(hook) = &engine.fault_hook {
+            match hook(plan) {
+                Some(Fault::Panic) => engine.pool.run(|u| {
+                    if u + 1 == engine.pool.units() {
+                        panic!("injected fault in step {}", plan.step)
+                    }
+                }),
+                Some(Fault::Error) => {
+                    return Err(Error::Other(format!(
+                        "injected fault in step {}",
+                        plan.step
+                    )))
+                }
+                None => {}
+            }
+        }
+        let logits = engine.model.forward(
+            &batch,
+            &mut self.kv,
+            &mut self.ws,
+            &engine.ctx(),
+            engine.sub_batching,
+        )?;
+        let mut result = StepResult::default();
+        let mut events = Vec::new();
+        let tok = &*engine.tokenizer;
+        for (i, s) in plan.seqs.iter().enumerate() {
+            if !s.wants_logits {
+                continue;
+            }
+            let (Some(row), Some(live)) = (logits.last_of(i), self.live.get_mut(&s.id)) else {
+                continue;
+            };
+            let t = live.on_logits(tok, row)?;
+            result.sampled.push((s.id, t.token));
+            if let Some(reason) = t.finish {
+                result.finished.push((s.id, reason));
+            }
+            if !t.text.is_empty() || !t.tokens.is_empty() {
+                events.push((
+                    s.id,
+                    RequestEvent::Text {
+                        text: t.text,
+                        tokens: t.tokens,
+                        logprobs: t.logprobs,
+                    },
+                ));
+            }
+        }
+        Ok((result, events))
+    }
+
+    /// Sends a request's last text (for `Length`: what the decoders held back) and its
+    /// `Finished` event, and forgets it.
+    fn complete(&mut self, id: u64, reason: FinishReason, events: &mut Vec<(u64, RequestEvent)>) {
+        let Some(mut live) = self.live.remove(&id) else {
+            return;
+        };
+        if reason == FinishReason::Length {
+            match live.flush(&self.engine.tokenizer) {
+                Ok(text) if !text.is_empty() => events.push((
+                    id,
+                    RequestEvent::Text {
+                        text,
+                        tokens: vec![],
+                        logprobs: vec![],
+                    },
+                )),
+                Ok(_) => {}
+                Err(e) => {
+                    events.push((
+                        id,
+                        RequestEvent::Failed {
+                            message: format!("detokenizing the output failed: {e}"),
+                        },
+                    ));
+                    return;
+                }
+            }
+        }
+        events.push((
+            id,
+            RequestEvent::Finished {
+                reason,
+                prompt_tokens: live.prompt_tokens,
+                completion_tokens: live.generated,
+            },
+        ));
+    }
+
+    fn fail(&mut self, id: u64, message: &str, out: &mut StepOutcome) {
+        self.sched.finish(id, FinishReason::Error);
+        if self.live.remove(&id).is_some() {
+            out.failed += 1;
+            out.events.push((
+                id,
+                RequestEvent::Failed {
+                    message: message.to_string(),
+                },
+            ));
+        }
+    }
+
+    fn fail_all(&mut self, plan: &StepPlan, message: &str, out: &mut StepOutcome) {
+        for s in &plan.seqs {
+            self.fail(s.id, message, out);
+        }
+    }
+
+    /// Consistency of the scheduler and its KV bookkeeping (tests).
+    pub fn check(&self) -> Result<(), SchedError> {
+        self.sched.check()
+    }
+}
+
+/// The message of a caught panic.
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    }
+}

@@ -1,0 +1,245 @@
+//! The forward as layer stages over a prepared batch.
+//!
+//! A step is prepared once ([`PreparedBatch`]), embedded, and then every layer runs an
+//! attention stage and an MLP stage. Each stage runs on any contiguous range of the step's
+//! rows (a [`SubBatch`]) and writes its output *before* the residual add, which the driver
+//! applies: exactly the points where tensor parallelism all-reduces. [`LlamaModel::forward`]
+//! runs every layer's stages over the sub-batches in turn; the arithmetic of each row does
+//! not depend on which rows share its sub-batch (every kernel is row-invariant), so logits
+//! are bitwise the same for every sub-batching.
+
+use tessera_core::{Error, Result};
+use tessera_kernels::ops;
+use tessera_runtime::{split_range, DisjointMut};
+
+use crate::attention::{attention, AttnShape};
+use crate::batch::{BatchMeta, LogitsView, RowSegment, SubBatching};
+use crate::kv::KvStorage;
+use crate::linear::ExecCtx;
+use crate::llama::LlamaModel;
+use crate::prepared::{PreparedBatch, SubBatch};
+use crate::workspace::{take, StageScratch, Workspace};
+
+impl LlamaModel {
+    /// Runs one step: stores the new tokens' K/V and returns the requested logits, with every
+    /// layer's stages run over the sub-batches of `split` in turn.
+    pub fn forward<'w>(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut KvStorage,
+        ws: &'w mut Workspace,
+        ctx: &ExecCtx,
+        split: SubBatching,
+    ) -> Result<LogitsView<'w>> {
+        self.prepare(batch, kv, ws)?;
+        let m = ws.batch.num_rows();
+        let h = self.config.hidden_size;
+        if m == 0 {
+            return Ok(self.logits_view(ws, 0));
+        }
+        self.embed_stage(ctx, &ws.batch.tokens, take(&mut ws.x, m * h));
+        take(&mut ws.delta, m * h);
+        let subs = ws.batch.sub_batches(split);
+        for layer in 0..self.layers.len() {
+            for sb in &subs {
+                let rows = sb.rows.start * h..sb.rows.end * h;
+                let out = &mut ws.delta[rows.clone()];
+                self.attention_stage(layer, &ws.batch, sb, &ws.x, kv, &mut ws.scratch, ctx, out)?;
+                ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
+            }
+            for sb in &subs {
+                let rows = sb.rows.start * h..sb.rows.end * h;
+                let out = &mut ws.delta[rows.clone()];
+                self.mlp_stage(layer, sb, &ws.x, &mut ws.scratch, ctx, out)?;
+                ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
+            }
+        }
+        let r = self.logits_stage(ctx, ws)?;
+        Ok(self.logits_view(ws, r))
+    }
+
+    /// Validates `batch` and lays it out in `ws.batch`.
+    pub fn prepare(&self, batch: &BatchMeta, kv: &KvStorage, ws: &mut Workspace) -> Result<()> {
+        let c = &self.config;
+        if kv.kv_dim() != c.kv_dim() || kv.layers() != c.n_layers {
+            return Err(Error::Other(format!(
+                "KV storage has {} layers of kv_dim {}, model needs {} of {}",
+                kv.layers(),
+                kv.kv_dim(),
+                c.n_layers,
+                c.kv_dim()
+            )));
+        }
+        // No adapter slots yet: a chunk naming one is refused.
+        ws.batch.prepare(batch, kv, c.max_position, c.vocab_size, 0)
+    }
+
+    /// Embedding rows of `tokens` into `x`.
+    pub fn embed_stage(&self, ctx: &ExecCtx, tokens: &[u32], x: &mut [f32]) {
+        let h = self.config.hidden_size;
+        let (m, units) = (tokens.len(), ctx.pool.units());
+        let xp = DisjointMut::new(x);
+        // SAFETY: unit `u` writes only the rows of `split_range(m, units, u)`, disjoint from
+        // the other units' rows.
+        ctx.pool.run(|u| {
+            for t in split_range(m, units, u) {
+                self.embed
+                    .dequantize_row(tokens[t] as usize, unsafe { xp.slice(t * h, h) });
+            }
+        });
+    }
+
+    /// Layer `layer`'s attention on the rows of `sb`: norm, fused q/k/v product, RoPE, K/V
+    /// stored in their slots, attention, output product into `out` (`sb.len()` rows of
+    /// hidden), before the residual add. `x` is the whole step's residual stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_stage(
+        &self,
+        layer: usize,
+        batch: &PreparedBatch,
+        sb: &SubBatch,
+        x: &[f32],
+        kv: &mut KvStorage,
+        scratch: &mut StageScratch,
+        ctx: &ExecCtx,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let l = &self.layers[layer];
+        let (h, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let qkvd = qd + 2 * kvd;
+        let (n, r0) = (sb.len(), sb.rows.start);
+        let units = ctx.pool.units();
+        let normed = take(&mut scratch.normed, n * h);
+        rms_rows(
+            ctx,
+            &x[r0 * h..sb.rows.end * h],
+            &l.attn_norm,
+            c.rms_eps,
+            h,
+            normed,
+        );
+        let qkv = take(&mut scratch.qkv, n * qkvd);
+        l.qkv.forward(ctx, normed, n, &sb.segments, qkv)?;
+        // RoPE on each row's q and k parts.
+        let positions = &batch.positions[sb.rows.clone()];
+        let qp = DisjointMut::new(qkv);
+        ctx.pool.run(|u| {
+            let mut cs = Vec::new();
+            for t in split_range(n, units, u) {
+                // SAFETY: unit `u` touches only rows of its own range.
+                let row = unsafe { qp.slice(t * qkvd, qd + kvd) };
+                let (qr, kr) = row.split_at_mut(qd);
+                self.rope.apply(qr, c.head_dim, positions[t], &mut cs);
+                self.rope.apply(kr, c.head_dim, positions[t], &mut cs);
+            }
+        });
+        {
+            let (kb, vb) = kv.layer_mut(layer);
+            for (t, &off) in batch.kv_slots[sb.rows.clone()].iter().enumerate() {
+                let row = &qkv[t * qkvd..(t + 1) * qkvd];
+                kb[off..off + kvd].copy_from_slice(&row[qd..qd + kvd]);
+                vb[off..off + kvd].copy_from_slice(&row[qd + kvd..]);
+            }
+        }
+        let shape = AttnShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let att = take(&mut scratch.att, n * qd);
+        attention(
+            ctx.pool,
+            batch,
+            sb.rows.clone(),
+            kv,
+            layer,
+            &shape,
+            qkv,
+            qkvd,
+            att,
+        );
+        l.o.forward(ctx, att, n, &sb.segments, out)
+    }
+
+    /// Layer `layer`'s MLP on the rows of `sb`: norm, fused gate/up product, SwiGLU, down
+    /// product into `out`, before the residual add.
+    pub fn mlp_stage(
+        &self,
+        layer: usize,
+        sb: &SubBatch,
+        x: &[f32],
+        scratch: &mut StageScratch,
+        ctx: &ExecCtx,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let c = &self.config;
+        let l = &self.layers[layer];
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let n = sb.len();
+        let units = ctx.pool.units();
+        let normed = take(&mut scratch.normed, n * h);
+        let xs = &x[sb.rows.start * h..sb.rows.end * h];
+        rms_rows(ctx, xs, &l.ffn_norm, c.rms_eps, h, normed);
+        let gu = take(&mut scratch.gate_up, n * 2 * ff);
+        l.gate_up.forward(ctx, normed, n, &sb.segments, gu)?;
+        let act = take(&mut scratch.act, n * ff);
+        let ap = DisjointMut::new(act);
+        let gur = &*gu;
+        ctx.pool.run(|u| {
+            for t in split_range(n, units, u) {
+                let row = &gur[t * 2 * ff..(t + 1) * 2 * ff];
+                // SAFETY: unit `u` writes only rows of its own range.
+                ops::swiglu_into(&row[..ff], &row[ff..], unsafe { ap.slice(t * ff, ff) });
+            }
+        });
+        l.down.forward(ctx, act, n, &sb.segments, out)
+    }
+
+    /// Final norm and output projection of the rows that want logits; returns their count.
+    fn logits_stage(&self, ctx: &ExecCtx, ws: &mut Workspace) -> Result<usize> {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let r = ws.batch.logit_rows.len();
+        if r == 0 {
+            return Ok(0);
+        }
+        let picked = take(&mut ws.picked, r * h);
+        for (i, &row) in ws.batch.logit_rows.iter().enumerate() {
+            picked[i * h..(i + 1) * h].copy_from_slice(&ws.x[row * h..(row + 1) * h]);
+        }
+        let head_in = take(&mut ws.head_in, r * h);
+        rms_rows(ctx, picked, &self.norm, c.rms_eps, h, head_in);
+        let logits = take(&mut ws.logits, r * c.vocab_size);
+        let base = [RowSegment {
+            rows: 0..r,
+            adapter: None,
+        }];
+        self.output.forward(ctx, head_in, r, &base, logits)?;
+        Ok(r)
+    }
+
+    fn logits_view<'w>(&self, ws: &'w Workspace, r: usize) -> LogitsView<'w> {
+        let vocab = self.config.vocab_size;
+        LogitsView {
+            vocab,
+            data: ws.logits.get(..r * vocab).unwrap_or(&[]),
+            rows: &ws.batch.logit_ids[..r],
+        }
+    }
+}
+
+/// RMSNorm of every `h`-wide row of `x` into `out`, parallel over rows.
+fn rms_rows(ctx: &ExecCtx, x: &[f32], w: &[f32], eps: f32, h: usize, out: &mut [f32]) {
+    let m = x.len() / h;
+    let units = ctx.pool.units();
+    let op = DisjointMut::new(out);
+    ctx.pool.run(|u| {
+        for t in split_range(m, units, u) {
+            // SAFETY: unit `u` writes only rows of its own range.
+            ops::rms_norm(&x[t * h..(t + 1) * h], w, eps, unsafe {
+                op.slice(t * h, h)
+            });
+        }
+    });
+}

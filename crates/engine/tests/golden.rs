@@ -13,7 +13,10 @@ use tessera_engine::generate::generate;
 use tessera_engine::sampling::argmax;
 use tessera_engine::GenerateRequest;
 use tessera_engine::{store, Engine, SamplingParams};
+use tessera_kernels::plan::Precision;
 use tessera_tokenizer::ChatMessage;
+
+mod common;
 
 fn golden() -> Value {
     let p =
@@ -198,5 +201,23 @@ fn fast_precision_stays_close_to_transformers() {
             );
         }
         eprintln!("{name}: fast path top-20 max |diff| = {worst:.3}");
+    }
+}
+
+#[test]
+fn sub_batches_give_bitwise_the_same_logits_on_the_default_model() {
+    let path = store::resolve_model(None).expect("default model");
+    let g = golden();
+    let prompts: Vec<Vec<u32>> = g["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(4)
+        .map(|p| ids(&p["ids"]))
+        .collect();
+    for precision in [Precision::Exact, Precision::Fast] {
+        let mut e =
+            Engine::load_with(&path, 2, precision, tessera_engine::tuning::load_planner()).unwrap();
+        common::assert_sub_batch_invariant(&mut e, &prompts);
     }
 }

@@ -14,6 +14,8 @@ use tessera_engine::Engine;
 use tessera_formats::gguf::writer::{write, TensorSpec};
 use tessera_formats::gguf::MetaValue;
 use tessera_formats::TokenizerSource;
+use tessera_kernels::plan::Precision;
+use tessera_kernels::planner::Planner;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 
 const HIDDEN: usize = 64;
@@ -30,6 +32,8 @@ const THETA: f32 = 10000.0;
 // The tiny model.
 
 /// Deterministic uniform values in [-1, 1) (splitmix64).
+mod common;
+
 struct Rng(u64);
 impl Rng {
     fn next_f32(&mut self) -> f32 {
@@ -619,6 +623,23 @@ fn batched_sequences_match_running_each_alone_bitwise() {
     }
     // The number of compute units does not change the results either.
     assert!(per_threads[0] == per_threads[1], "threads 1 and 2 differ");
+}
+
+#[test]
+fn sub_batches_give_bitwise_the_same_logits() {
+    let dir = TempDir::new("subbatch");
+    for dtype in [DType::F32, DType::Q8_0] {
+        let path = GgufParts::new(dtype, true).write_to(&dir.join(&format!("tiny-{dtype}.gguf")));
+        for (threads, precision) in [
+            (1, Precision::Exact),
+            (2, Precision::Exact),
+            (2, Precision::Fast),
+        ] {
+            let mut e = Engine::load_with(&path, threads, precision, Planner::untuned()).unwrap();
+            let prompts = vec![prompt(5), prompt(19)[7..].to_vec(), vec![3], prompt(23)];
+            common::assert_sub_batch_invariant(&mut e, &prompts);
+        }
+    }
 }
 
 #[test]

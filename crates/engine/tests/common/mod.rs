@@ -1,0 +1,82 @@
+//! Checks shared by the engine's integration tests.
+
+#![allow(dead_code)]
+
+use tessera_engine::{Engine, SplitBy, SubBatching, KV_BLOCK_SIZE};
+use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
+
+/// Logits of two steps over `prompts`: first every prompt's prefill (the last prompt only up
+/// to its middle), then a mixed step of one decode token per other prompt and the rest of the
+/// last prompt, all positions' logits asked for; run with `sub`.
+fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<f32>> {
+    e.sub_batching = sub;
+    let blocks_per_seq = prompts
+        .iter()
+        .map(|p| (p.len() + 1).div_ceil(KV_BLOCK_SIZE))
+        .max()
+        .unwrap_or(1);
+    let n = prompts.len();
+    let mut kv = e
+        .model
+        .new_kv_storage(KV_BLOCK_SIZE, blocks_per_seq * n)
+        .unwrap();
+    // Interleaved block tables: sequence i holds blocks i, i + n, i + 2n, ...
+    let table =
+        |i: usize| -> Vec<u32> { (0..blocks_per_seq).map(|b| (b * n + i) as u32).collect() };
+    let last = n - 1;
+    let half = prompts[last].len() / 2;
+    let first = BatchMeta {
+        seqs: prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let toks = if i == last {
+                    p[..half].to_vec()
+                } else {
+                    p.clone()
+                };
+                SeqChunk::new(toks, 0, table(i), LogitsFor::All)
+            })
+            .collect(),
+    };
+    let l1 = e.forward(&first, &mut kv).unwrap();
+    let second = BatchMeta {
+        seqs: prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                if i == last {
+                    SeqChunk::new(p[half..].to_vec(), half, table(i), LogitsFor::All)
+                } else {
+                    SeqChunk::new(vec![p[0]], p.len(), table(i), LogitsFor::Last)
+                }
+            })
+            .collect(),
+    };
+    let l2 = e.forward(&second, &mut kv).unwrap();
+    e.sub_batching = SubBatching::WHOLE;
+    vec![l1.data, l2.data]
+}
+
+/// For S in 1..=4 and both split modes, the logits of a prefill step and a mixed
+/// decode/prefill step are bitwise identical to the one-pass forward.
+pub fn assert_sub_batch_invariant(e: &mut Engine, prompts: &[Vec<u32>]) {
+    let whole = two_steps(e, prompts, SubBatching::WHOLE);
+    assert!(whole.iter().all(|l| !l.is_empty()));
+    for split in [SplitBy::Sequence, SplitBy::Tokens] {
+        for count in 1..=4 {
+            let got = two_steps(e, prompts, SubBatching { count, split });
+            for (step, (a, b)) in whole.iter().zip(&got).enumerate() {
+                assert!(
+                    a == b,
+                    "step {}: {count} sub-batches by {split} change the logits ({} values differ)",
+                    step + 1,
+                    a.iter()
+                        .zip(b)
+                        .filter(|(x, y)| x.to_bits() != y.to_bits())
+                        .count()
+                );
+            }
+        }
+    }
+}

@@ -46,6 +46,8 @@ pub enum Fault {
     Panic,
     /// The forward returns an error.
     Error,
+    /// The step panics outside its fault isolation, ending the thread that runs it.
+    Crash,
 }
 
 pub struct StepEngine<'e> {
@@ -133,6 +135,12 @@ impl<'e> StepEngine<'e> {
         if plan.is_empty() {
             return out;
         }
+        #[cfg(feature = "fault-injection")]
+        if let Some(hook) = &self.engine.fault_hook {
+            if hook(&plan) == Some(Fault::Crash) {
+                panic!("injected crash in step {}", plan.step);
+            }
+        }
         let run = catch_unwind(AssertUnwindSafe(|| self.run_plan(&plan)));
         match run {
             Ok(Ok((result, events))) => {
@@ -166,7 +174,7 @@ impl<'e> StepEngine<'e> {
                 self.fail_all(&plan, &msg, &mut out);
             }
             Err(panic) => {
-                let what = panic_message(&panic);
+                let what = panic_message(&*panic);
                 tracing::error!("step {} panicked: {what}", plan.step);
                 let msg = format!("internal error: the engine step panicked ({what})");
                 self.fail_all(&plan, &msg, &mut out);
@@ -211,7 +219,7 @@ impl<'e> StepEngine<'e> {
                         plan.step
                     )))
                 }
-                None => {}
+                Some(Fault::Crash) | None => {}
             }
         }
         let logits = engine.model.forward(

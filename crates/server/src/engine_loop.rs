@@ -188,7 +188,7 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
             let reason = match catch_unwind(AssertUnwindSafe(|| l.run(rx))) {
                 Ok(()) => "the engine has stopped".to_string(),
                 Err(p) => {
-                    let what = panic_message(&p);
+                    let what = panic_message(&*p);
                     tracing::error!("the engine thread died: {what}");
                     format!("the engine thread died: {what}")
                 }

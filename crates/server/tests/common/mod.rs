@@ -1,0 +1,149 @@
+//! A test server on the default model and the requests the server tests make.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tessera_engine::{store, Engine};
+use tessera_kernels::plan::Precision;
+use tessera_scheduler::SchedulerConfig;
+use tessera_server::ServeOptions;
+
+pub struct Server {
+    pub base: String,
+    pub client: reqwest::Client,
+}
+
+/// The default model, fast path, 2 threads, untuned planner.
+pub fn engine() -> Engine {
+    let path = store::resolve_model(None).expect("default model");
+    Engine::load_with(
+        &path,
+        2,
+        Precision::Fast,
+        tessera_kernels::planner::Planner::untuned(),
+    )
+    .unwrap()
+}
+
+pub async fn start(cfg: impl FnOnce(&mut SchedulerConfig), api_key: Option<&str>) -> Server {
+    start_engine(engine(), cfg, api_key).await
+}
+
+/// A server over `engine` on a free local port, with the test scheduler settings.
+pub async fn start_engine(
+    engine: Engine,
+    cfg: impl FnOnce(&mut SchedulerConfig),
+    api_key: Option<&str>,
+) -> Server {
+    let mut sched = SchedulerConfig::new(512, 16);
+    sched.max_num_seqs = 16;
+    sched.max_num_batched_tokens = 256;
+    sched.max_prefill_chunk = 128;
+    sched.max_model_len = 512;
+    sched.max_waiting = 1024;
+    cfg(&mut sched);
+    let opts = ServeOptions {
+        addr: "127.0.0.1:0".parse().unwrap(),
+        model_name: "smol".into(),
+        api_key: api_key.map(String::from),
+        scheduler: sched,
+        default_max_tokens: 16,
+    };
+    let router = tessera_server::app(engine, &opts).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    Server {
+        base: format!("http://{addr}"),
+        client: reqwest::Client::new(),
+    }
+}
+
+impl Server {
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+    }
+
+    /// Waits until no request runs and no KV block is in use (blocks free asynchronously).
+    pub async fn assert_drained(&self) {
+        for _ in 0..200 {
+            if self.metric("tessera_kv_blocks_used").await == 0.0
+                && self.metric("tessera_requests_running").await == 0.0
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "KV blocks still in use: {} (running {})",
+            self.metric("tessera_kv_blocks_used").await,
+            self.metric("tessera_requests_running").await
+        );
+    }
+
+    /// Streams a request; returns the concatenated text, the finish reason and whether
+    /// the stream ended with [DONE].
+    pub async fn stream(&self, path: &str, body: Value) -> (String, Option<String>, bool) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let mut bytes = r.bytes_stream();
+        let mut buf = String::new();
+        while let Some(chunk) = bytes.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        }
+        let (mut text, mut finish, mut done) = (String::new(), None, false);
+        for line in buf.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let v: Value = serde_json::from_str(line).unwrap();
+            for c in v["choices"].as_array().unwrap() {
+                text.push_str(
+                    c["text"]
+                        .as_str()
+                        .or(c["delta"]["content"].as_str())
+                        .unwrap_or(""),
+                );
+                if let Some(f) = c["finish_reason"].as_str() {
+                    finish = Some(f.to_string());
+                }
+            }
+        }
+        (text, finish, done)
+    }
+}

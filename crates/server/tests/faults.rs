@@ -1,0 +1,141 @@
+//! Fault isolation through the engine's test-only fault hook: a step that panics or fails
+//! fails the requests in it (HTTP 500 with a JSON error; an error event before `[DONE]` when
+//! streaming), frees their KV blocks, and the server goes on serving; an engine thread that
+//! dies anyway makes `/health` and new requests answer 503 with the reason.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tessera_engine::step::Fault;
+
+mod common;
+use common::{engine, start_engine, Server};
+
+/// Prompt tokens that make the hook fire for the step computing them.
+const PANIC: u32 = 4242;
+const ERROR: u32 = 4243;
+const CRASH: u32 = 4244;
+
+async fn faulty_server() -> Server {
+    let mut e = engine();
+    e.fault_hook = Some(Arc::new(|plan| {
+        let has = |t: u32| plan.seqs.iter().any(|s| s.tokens.contains(&t));
+        if has(CRASH) {
+            Some(Fault::Crash)
+        } else if has(PANIC) {
+            Some(Fault::Panic)
+        } else if has(ERROR) {
+            Some(Fault::Error)
+        } else {
+            None
+        }
+    }));
+    start_engine(e, |_| {}, None).await
+}
+
+fn tokens(bad: u32, stream: bool) -> Value {
+    json!({"prompt": [1, 504, 3458, bad, 314], "max_tokens": 4, "temperature": 0, "stream": stream})
+}
+
+/// The raw SSE data lines of a streaming request.
+async fn stream_lines(s: &Server, body: Value) -> Vec<String> {
+    let r = s
+        .client
+        .post(format!("{}/v1/completions", s.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(String::from)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_step_fails_its_requests_and_the_server_goes_on() {
+    let s = faulty_server().await;
+    for (bad, what) in [(PANIC, "panicked"), (ERROR, "injected fault")] {
+        let (status, body) = s.post("/v1/completions", tokens(bad, false)).await;
+        assert_eq!(status, 500, "{body}");
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(what), "{msg}");
+        assert_eq!(body["error"]["type"], "server_error");
+
+        let lines = stream_lines(&s, tokens(bad, true)).await;
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("[DONE]"),
+            "{lines:?}"
+        );
+        let before: Value = serde_json::from_str(&lines[lines.len() - 2]).unwrap();
+        assert!(
+            before["error"]["message"].as_str().unwrap().contains(what),
+            "{lines:?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("\"finish_reason\":\"")),
+            "a failed stream must not finish normally: {lines:?}"
+        );
+        s.assert_drained().await;
+    }
+    // A request alongside a failing one in the same step fails too; one sent afterwards
+    // succeeds.
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert!(!body["choices"][0]["text"].as_str().unwrap().is_empty());
+    assert!(s.metric("tessera_requests_failed_total").await >= 4.0);
+    s.assert_drained().await;
+    let h = s
+        .client
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_engine_thread_answers_503_with_the_reason() {
+    let s = faulty_server().await;
+    let (status, body) = s.post("/v1/completions", tokens(CRASH, false)).await;
+    assert_eq!(status, 500, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("engine thread died"), "{msg}");
+    let h = s
+        .client
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(h.status(), 503);
+    let hb: Value = h.json().await.unwrap();
+    assert!(
+        hb["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("injected crash"),
+        "{hb}"
+    );
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Hello", "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("engine thread died"));
+    let (status, _) = s.post("/v1/completions", tokens(1, true)).await;
+    assert_eq!(status, 503, "streaming requests are refused too");
+}

@@ -28,6 +28,10 @@ pub struct SchedulerConfig {
     pub prefix_caching: bool,
     /// Emit each adapter's sequences as one contiguous run of the plan (see `scheduler`).
     pub group_by_adapter: bool,
+    /// Only one adapter's sequences (or only the base model's) share a step, taking turns
+    /// step by step, as llama.cpp's server batches: the baseline co-batching is measured
+    /// against. Off by default.
+    pub adapter_serial: bool,
 }
 
 impl SchedulerConfig {
@@ -45,6 +49,7 @@ impl SchedulerConfig {
             aging_steps: 64,
             prefix_caching: true,
             group_by_adapter: true,
+            adapter_serial: false,
         }
     }
 

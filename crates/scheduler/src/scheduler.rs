@@ -21,6 +21,9 @@
 //! taken out and its tokens returned to the budget. A sequence that alone needs more blocks
 //! than the cache has finishes with `Length`.
 //!
+//! With `adapter_serial`, a step takes the sequences of one adapter only (the running
+//! adapters take turns step by step; with none running, the first admissible request's).
+//!
 //! Plan order: scheduling order (decodes, chunks, admissions), then, with `group_by_adapter`,
 //! stably grouped so each adapter's sequences form one contiguous run (fewer LoRA segments).
 //!
@@ -197,13 +200,16 @@ impl Scheduler {
         } else {
             0
         };
+        let only = self.serial_adapter();
+        let excluded = |st: &SeqState| only.is_some_and(|a| st.adapter != a);
         // Passes 1 and 2: running sequences, decodes first.
         for decode_pass in [true, false] {
             for id in self.running.clone() {
                 let Some(st) = self.seqs.get(&id) else {
                     continue;
                 };
-                if st.status != Status::Running || picks.iter().any(|p| p.id == id) {
+                if st.status != Status::Running || picks.iter().any(|p| p.id == id) || excluded(st)
+                {
                     continue;
                 }
                 let remaining = st.remaining();
@@ -232,7 +238,7 @@ impl Scheduler {
 
         // Pass 3: admissions.
         if preempted.is_empty() {
-            self.admit(&mut picks, &mut budget);
+            self.admit(&mut picks, &mut budget, only);
         }
 
         // Pass 2 again for chunks the reserve held back, with what admissions left over, so
@@ -315,7 +321,8 @@ impl Scheduler {
         }
     }
 
-    fn admit(&mut self, picks: &mut Vec<Pick>, budget: &mut usize) {
+    /// Waiting ids in admission order.
+    fn admission_order(&self) -> Vec<u64> {
         let (step, aging) = (self.step, self.cfg.aging_steps);
         let mut order: Vec<(i64, u64, u64)> = self
             .waiting
@@ -328,7 +335,33 @@ impl Scheduler {
             })
             .collect();
         order.sort_unstable();
-        for (_, _, id) in order {
+        order.into_iter().map(|o| o.2).collect()
+    }
+
+    /// With `adapter_serial`, the one adapter (`Some(None)`: the base model) this step runs.
+    fn serial_adapter(&self) -> Option<Option<u64>> {
+        if !self.cfg.adapter_serial {
+            return None;
+        }
+        let mut active: Vec<Option<u64>> = Vec::new();
+        for st in self.running.iter().filter_map(|id| self.seqs.get(id)) {
+            if !active.contains(&st.adapter) {
+                active.push(st.adapter);
+            }
+        }
+        if active.is_empty() {
+            let first = self.admission_order().first().copied()?;
+            return Some(self.seqs.get(&first)?.adapter);
+        }
+        Some(active[(self.step as usize) % active.len()])
+    }
+
+    fn admit(&mut self, picks: &mut Vec<Pick>, budget: &mut usize, only: Option<Option<u64>>) {
+        let mut order = self.admission_order();
+        if let Some(a) = only {
+            order.retain(|id| self.seqs.get(id).is_some_and(|s| s.adapter == a));
+        }
+        for id in order {
             if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {
                 break;
             }

@@ -592,3 +592,37 @@ fn short_request_starts_next_step_during_a_long_prefill() {
     let p = step(&mut s);
     assert_eq!(p.get(1).unwrap().tokens.len(), 63);
 }
+
+#[test]
+fn adapter_serial_steps_hold_one_adapter_and_take_turns() {
+    let mut c = cfg(256, 4);
+    c.adapter_serial = true;
+    let mut s = Scheduler::new(c).unwrap();
+    for (id, adapter) in [(1, None), (2, Some(7)), (3, Some(9)), (4, Some(7))] {
+        s.add_request(req(id, 6, 5).with_adapter(adapter)).unwrap();
+    }
+    let plans = run_to_end(&mut s, 200);
+    let mut seen = std::collections::HashSet::new();
+    for p in &plans {
+        let adapters: std::collections::HashSet<_> = p.seqs.iter().map(|q| q.adapter).collect();
+        assert!(
+            adapters.len() <= 1,
+            "step {} mixes adapters {adapters:?}",
+            p.step
+        );
+        seen.extend(adapters);
+    }
+    assert_eq!(seen.len(), 3, "every adapter ran");
+    for id in 1..=4 {
+        assert!(plans
+            .iter()
+            .any(|p| p.finished.contains(&(id, FinishReason::Length))));
+    }
+    // Without the option, the same requests share steps.
+    let mut s = Scheduler::new(cfg(256, 4)).unwrap();
+    for (id, adapter) in [(1, None), (2, Some(7)), (3, Some(9)), (4, Some(7))] {
+        s.add_request(req(id, 6, 5).with_adapter(adapter)).unwrap();
+    }
+    let p = s.schedule();
+    assert_eq!(p.seqs.len(), 4);
+}

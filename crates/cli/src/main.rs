@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tessera_engine::engine::default_threads;
 use tessera_engine::generate::generate;
+use tessera_engine::request::LoraAdapter;
 use tessera_engine::{store, Engine, GenerateRequest, SamplingParams, SplitBy, SubBatching};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
@@ -41,6 +42,11 @@ struct ModelArgs {
     /// counts, keeping whole tokens).
     #[arg(long, global = true, default_value = "sequence")]
     split_by: SplitBy,
+    /// A LoRA adapter: a PEFT folder (adapter_config.json + adapter_model.safetensors) or a
+    /// llama.cpp GGUF LoRA file. `generate`, `logits`, `perplexity`: `--lora PATH`, once.
+    /// `serve`: `--lora NAME=PATH`, repeatable; requests pick one with `"model": NAME`.
+    #[arg(long, global = true)]
+    lora: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -140,6 +146,14 @@ enum Command {
         /// KV cache memory budget when --kv-blocks is not given.
         #[arg(long, default_value_t = 1024)]
         kv_memory_mb: usize,
+        /// Most LoRA adapters resident at once; the least recently used is evicted beyond
+        /// (and reloaded from its file when asked for again).
+        #[arg(long, default_value_t = 8)]
+        max_loras: usize,
+        /// `mixed`: requests of different adapters share every step; `serial`: a step runs
+        /// one adapter's requests only, taking turns (llama.cpp's server; for comparison).
+        #[arg(long, default_value = "mixed")]
+        lora_batching: String,
         /// Requests allowed to wait beyond the running ones; more get HTTP 503.
         #[arg(long, default_value_t = 256)]
         max_waiting: usize,
@@ -192,6 +206,28 @@ enum Command {
         #[arg(long, default_value_t = 6)]
         top: usize,
     },
+}
+
+/// The adapter named by `--lora`, loaded for `engine`'s model.
+fn adapter(args: &ModelArgs, engine: &Engine) -> Result<Option<std::sync::Arc<LoraAdapter>>> {
+    let p = match args.lora.as_slice() {
+        [] => return Ok(None),
+        [p] => PathBuf::from(p),
+        _ => bail!("--lora is given more than once; this command runs one adapter"),
+    };
+    let p = &p;
+    let a = engine
+        .load_adapter(p)
+        .with_context(|| format!("--lora {}", p.display()))?;
+    eprintln!(
+        "adapter {} ({:?}, {} modules adapted, rank up to {}, {:.1} MB)",
+        p.display(),
+        a.format,
+        a.targets().len(),
+        a.max_rank(),
+        a.bytes() as f64 / 1e6
+    );
+    Ok(Some(a))
 }
 
 fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
@@ -394,8 +430,17 @@ fn run(cli: Cli) -> Result<()> {
             kv_memory_mb,
             max_waiting,
             default_max_tokens,
+            max_loras,
+            lora_batching,
             model,
         } => {
+            let loras = tessera_server::adapters::parse_lora_flags(&model.lora)
+                .map_err(anyhow::Error::msg)?;
+            let serial = match lora_batching.as_str() {
+                "mixed" => false,
+                "serial" => true,
+                o => bail!("--lora-batching {o:?}: expected mixed or serial"),
+            };
             let engine = load(&model, Precision::Fast)?;
             let c = &engine.model.config;
             let block = tessera_engine::KV_BLOCK_SIZE;
@@ -410,6 +455,7 @@ fn run(cli: Cli) -> Result<()> {
             sched.max_prefill_chunk = max_prefill_chunk;
             sched.max_model_len = max_model_len;
             sched.max_waiting = max_waiting;
+            sched.adapter_serial = serial;
             sched
                 .validate()
                 .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
@@ -427,6 +473,8 @@ fn run(cli: Cli) -> Result<()> {
                 api_key,
                 scheduler: sched,
                 default_max_tokens,
+                loras,
+                max_loras,
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -449,8 +497,9 @@ fn run(cli: Cli) -> Result<()> {
             model,
         } => {
             let engine = load(&model, Precision::Exact)?;
+            let lora = adapter(&model, &engine)?;
             let n = tokens.len();
-            let logits = engine.logits_all(&tokens)?;
+            let logits = engine.logits_all(&tokens, lora.as_ref())?;
             let argmax: Vec<u32> = (0..n)
                 .map(|i| tessera_engine::sampling::argmax(logits.row(i)))
                 .collect();
@@ -465,13 +514,19 @@ fn run(cli: Cli) -> Result<()> {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let engine = load(&model, Precision::Fast)?;
+            let lora = adapter(&model, &engine)?;
             let tokens = engine.tokenizer.encode(&text)?;
             eprintln!("{} tokens, chunks of {ctx}", tokens.len());
-            let report =
-                tessera_engine::perplexity::perplexity(&engine, &tokens, ctx, &mut |i, n, ppl| {
+            let report = tessera_engine::perplexity::perplexity(
+                &engine,
+                &tokens,
+                ctx,
+                lora.as_ref(),
+                &mut |i, n, ppl| {
                     eprint!("[{}/{n}]{ppl:.4} ", i + 1);
                     let _ = std::io::stderr().flush();
-                })?;
+                },
+            )?;
             eprintln!();
             println!(
                 "PPL = {:.4} over {} chunks of {ctx} ({} scored tokens), {:.1} tokens/s",
@@ -495,6 +550,7 @@ fn run(cli: Cli) -> Result<()> {
             model,
         } => {
             let engine = load(&model, Precision::Fast)?;
+            let lora = adapter(&model, &engine)?;
             let text = if chat {
                 engine
                     .tokenizer
@@ -519,6 +575,7 @@ fn run(cli: Cli) -> Result<()> {
                 params,
                 stop,
                 ignore_eos,
+                adapter: lora,
                 ..Default::default()
             };
             let mut out = std::io::stdout().lock();

@@ -7,6 +7,7 @@ use std::time::Instant;
 use tessera_core::Result;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
+use tessera_lora::LoraAdapter;
 use tessera_model::{
     BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, LogitsFor, SeqChunk, SubBatching, Workspace,
 };
@@ -88,33 +89,61 @@ impl Engine {
     /// One forward of `batch` over `kv` with the engine's sub-batching, its logits copied out
     /// (tests, numerics checks).
     pub fn forward(&self, batch: &BatchMeta, kv: &mut KvStorage) -> Result<Logits> {
+        self.forward_with(batch, kv, &[])
+    }
+
+    /// [`Engine::forward`] with a table of adapters the batch's adapter slots index.
+    pub fn forward_with(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut KvStorage,
+        adapters: &[Arc<LoraAdapter>],
+    ) -> Result<Logits> {
         let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = self
-            .model
-            .forward(batch, kv, &mut ws, &self.ctx(), self.sub_batching)?;
+        let logits = self.model.forward(
+            batch,
+            kv,
+            &mut ws,
+            &self.ctx_with(adapters),
+            self.sub_batching,
+        )?;
         Ok(logits.to_owned())
     }
 
-    /// Logits at every position of `tokens`, from an empty cache in one forward (numerics
-    /// checks, perplexity).
-    pub fn logits_all(&self, tokens: &[u32]) -> Result<Logits> {
+    /// Loads a LoRA adapter (PEFT folder or GGUF LoRA file) for this engine's model.
+    pub fn load_adapter(&self, path: &Path) -> Result<Arc<LoraAdapter>> {
+        Ok(Arc::new(LoraAdapter::load(path, &self.model.config)?))
+    }
+
+    /// Logits at every position of `tokens` under `adapter` (or the base model), from an
+    /// empty cache in one forward (numerics checks, perplexity).
+    pub fn logits_all(&self, tokens: &[u32], adapter: Option<&Arc<LoraAdapter>>) -> Result<Logits> {
         let mut kv = self
             .model
             .new_kv_storage(KV_BLOCK_SIZE, tokens.len().div_ceil(KV_BLOCK_SIZE).max(1))?;
-        let seq = SeqChunk::new(
+        let mut seq = SeqChunk::new(
             tokens.to_vec(),
             0,
             (0..kv.num_blocks() as u32).collect(),
             LogitsFor::All,
         );
-        self.forward(&BatchMeta { seqs: vec![seq] }, &mut kv)
+        seq.adapter = adapter.map(|_| 0);
+        let table: Vec<Arc<LoraAdapter>> = adapter.into_iter().cloned().collect();
+        self.forward_with(&BatchMeta { seqs: vec![seq] }, &mut kv, &table)
     }
 
+    /// The execution context of a base-model forward.
     pub fn ctx(&self) -> ExecCtx<'_> {
+        self.ctx_with(&[])
+    }
+
+    /// The execution context of a forward whose adapter slots index `adapters`.
+    pub fn ctx_with<'a>(&'a self, adapters: &'a [Arc<LoraAdapter>]) -> ExecCtx<'a> {
         ExecCtx {
             pool: &self.pool,
             planner: &self.planner,
             precision: self.precision,
+            adapters,
         }
     }
 }

@@ -1,7 +1,10 @@
 //! A live request's state in the step engine, and the one per-token pipeline every front end
 //! shares: sample → EOS → accept → detokenize → stop strings.
 
+use std::sync::Arc;
+
 use tessera_core::Result;
+use tessera_lora::LoraAdapter;
 use tessera_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::request::{FinishReason, GenerateRequest, TokenLogprob};
@@ -9,6 +12,7 @@ use crate::sampling::{logprob, Sampler};
 use crate::stop::StopMatcher;
 
 pub(crate) struct LiveRequest {
+    pub adapter: Option<Arc<LoraAdapter>>,
     sampler: Sampler,
     stream: StreamDecoder,
     stops: StopMatcher,
@@ -34,6 +38,7 @@ pub(crate) struct TokenStep {
 impl LiveRequest {
     pub fn new(req: &GenerateRequest) -> Self {
         LiveRequest {
+            adapter: req.adapter.clone(),
             sampler: Sampler::new(req.params.clone(), &req.prompt_ids),
             stream: StreamDecoder::new(),
             stops: StopMatcher::new(&req.stop),

@@ -3,7 +3,10 @@
 //! chunk is evaluated from an empty cache, and only the second half of each chunk is scored
 //! (every scored token then has at least `ctx/2` tokens of context).
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use tessera_lora::LoraAdapter;
 
 use tessera_core::{Error, Result};
 
@@ -20,11 +23,12 @@ pub struct PerplexityReport {
     pub running: Vec<f64>,
 }
 
-/// Perplexity of `tokens` in chunks of `ctx`; `on_chunk(i, n, running_ppl)` reports progress.
+/// Perplexity of `tokens` in chunks of `ctx` under `adapter` (or the base model); `on_chunk(i, n, running_ppl)` reports progress.
 pub fn perplexity(
     engine: &Engine,
     tokens: &[u32],
     ctx: usize,
+    adapter: Option<&Arc<LoraAdapter>>,
     on_chunk: &mut dyn FnMut(usize, usize, f64),
 ) -> Result<PerplexityReport> {
     if ctx < 4 {
@@ -61,7 +65,7 @@ pub fn perplexity(
         if let Some(b) = bos {
             chunk[0] = b;
         }
-        let logits = engine.logits_all(&chunk)?;
+        let logits = engine.logits_all(&chunk, adapter)?;
         for j in first..ctx - 1 {
             nll -= logprob(logits.row(j), tokens[c * ctx + j + 1] as usize);
             count += 1;

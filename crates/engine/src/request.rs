@@ -1,11 +1,14 @@
 //! What front ends submit to the step engine and what they hear back, as plain data.
 
+use std::sync::Arc;
+
+pub use tessera_lora::LoraAdapter;
 pub use tessera_scheduler::FinishReason;
 
 use crate::sampling::SamplingParams;
 
 /// One generation request (one choice; a front end submits `n` of them for `n` choices).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct GenerateRequest {
     pub prompt_ids: Vec<u32>,
     pub max_tokens: usize,
@@ -17,6 +20,9 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     /// Priority class: lower runs first (0 is the usual class).
     pub priority: i32,
+    /// The fine-tuned variant to run (`None`: the base model). The request holds it until it
+    /// finishes, so unloading it elsewhere never changes this request's output.
+    pub adapter: Option<Arc<LoraAdapter>>,
 }
 
 /// One token's log-probability and its top alternatives.

@@ -13,8 +13,10 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use tessera_core::{Error, Result};
+use tessera_lora::LoraAdapter;
 use tessera_model::{BatchMeta, KvStorage, LogitsFor, SeqChunk, Workspace};
 use tessera_scheduler::{
     KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult,
@@ -186,24 +188,30 @@ impl<'e> StepEngine<'e> {
     /// The forward over `plan` and sampling for every chunk that reached its end. Changes no
     /// scheduler state, so a failure can be undone by failing the plan's requests.
     fn run_plan(&mut self, plan: &StepPlan) -> Result<(StepResult, Vec<(u64, RequestEvent)>)> {
-        let batch = BatchMeta {
-            seqs: plan
-                .seqs
-                .iter()
-                .map(|s| {
-                    SeqChunk::new(
-                        s.tokens.clone(),
-                        s.start_pos,
-                        s.block_table.clone(),
-                        if s.wants_logits {
-                            LogitsFor::Last
-                        } else {
-                            LogitsFor::None
-                        },
-                    )
-                })
-                .collect(),
-        };
+        // The step's adapter table: each distinct adapter of the plan gets a slot.
+        let mut adapters: Vec<Arc<LoraAdapter>> = Vec::new();
+        let mut seqs = Vec::with_capacity(plan.seqs.len());
+        for s in &plan.seqs {
+            let logits = if s.wants_logits {
+                LogitsFor::Last
+            } else {
+                LogitsFor::None
+            };
+            let mut chunk =
+                SeqChunk::new(s.tokens.clone(), s.start_pos, s.block_table.clone(), logits);
+            if let Some(a) = self.live.get(&s.id).and_then(|l| l.adapter.as_ref()) {
+                let slot = match adapters.iter().position(|x| x.id == a.id) {
+                    Some(i) => i,
+                    None => {
+                        adapters.push(a.clone());
+                        adapters.len() - 1
+                    }
+                };
+                chunk.adapter = Some(slot as u32);
+            }
+            seqs.push(chunk);
+        }
+        let batch = BatchMeta { seqs };
         let engine = self.engine;
         #[cfg(feature = "fault-injection")]
         if let Some(hook) = &engine.fault_hook {
@@ -226,7 +234,7 @@ impl<'e> StepEngine<'e> {
             &batch,
             &mut self.kv,
             &mut self.ws,
-            &engine.ctx(),
+            &engine.ctx_with(&adapters),
             engine.sub_batching,
         )?;
         let mut result = StepResult::default();

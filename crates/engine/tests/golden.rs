@@ -65,7 +65,7 @@ fn golden_numerics_match_transformers() {
         );
 
         let n = want_ids.len();
-        let logits = e.logits_all(&want_ids).unwrap();
+        let logits = e.logits_all(&want_ids, None).unwrap();
         let want_argmax = ids(&p["argmax"]);
         let margins: Vec<f64> = p["margin"]
             .as_array()
@@ -181,7 +181,7 @@ fn fast_precision_stays_close_to_transformers() {
         let name = p["name"].as_str().unwrap();
         let want_ids = ids(&p["ids"]);
         let n = want_ids.len();
-        let logits = e.logits_all(&want_ids).unwrap();
+        let logits = e.logits_all(&want_ids, None).unwrap();
         let last = logits.row(n - 1);
         let mut worst = 0f64;
         for pair in p["top20"].as_array().unwrap() {

@@ -38,7 +38,10 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
     if !fits {
         return Err(bad(
             path,
-            format!("made for architecture {arch:?}, the base model is {:?}", base.arch),
+            format!(
+                "made for architecture {arch:?}, the base model is {:?}",
+                base.arch
+            ),
         ));
     }
     let alpha = f
@@ -70,7 +73,10 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
     for ((layer, target), [a, b]) in pairs {
         let name = format!("blk.{layer}.{}", target.gguf_name());
         let (Some(a), Some(b)) = (a, b) else {
-            return Err(bad(path, format!("{name} has only one of lora_a and lora_b")));
+            return Err(bad(
+                path,
+                format!("{name} has only one of lora_a and lora_b"),
+            ));
         };
         let (inp, out) = target.shape(base);
         let rank = a.shape.first().copied().unwrap_or(0);

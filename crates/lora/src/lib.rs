@@ -177,9 +177,7 @@ impl LoraAdapter {
                 )));
             }
             if !m.scale.is_finite() || m.a.iter().chain(&m.b_t).any(|v| !v.is_finite()) {
-                return Err(Error::Config(format!(
-                    "adapter {name}: non-finite values"
-                )));
+                return Err(Error::Config(format!("adapter {name}: non-finite values")));
             }
             let slot = &mut layers[layer][target.index()];
             if slot.is_some() {
@@ -246,7 +244,8 @@ pub fn permute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
             for s in 0..2 {
                 let dst = h * d + 2 * j + s;
                 let src = h * d + s * (d / 2) + j;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&values[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&values[src * cols..(src + 1) * cols]);
             }
         }
     }

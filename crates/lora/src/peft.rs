@@ -34,7 +34,10 @@ impl PeftConfig {
         let field = |k: &str| v.get(k).filter(|x| !x.is_null());
         let peft_type = field("peft_type").and_then(Value::as_str).unwrap_or("LORA");
         if peft_type != "LORA" {
-            return Err(bad(path, format!("peft_type {peft_type:?} is not supported (only LORA)")));
+            return Err(bad(
+                path,
+                format!("peft_type {peft_type:?} is not supported (only LORA)"),
+            ));
         }
         let truthy = |k: &str| field(k).and_then(Value::as_bool).unwrap_or(false);
         for (k, what) in [
@@ -49,10 +52,17 @@ impl PeftConfig {
         }
         if let Some(b) = field("bias").and_then(Value::as_str) {
             if b != "none" {
-                return Err(bad(path, format!("bias {b:?} is not supported (only \"none\")")));
+                return Err(bad(
+                    path,
+                    format!("bias {b:?} is not supported (only \"none\")"),
+                ));
             }
         }
-        for k in ["modules_to_save", "layer_replication", "trainable_token_indices"] {
+        for k in [
+            "modules_to_save",
+            "layer_replication",
+            "trainable_token_indices",
+        ] {
             if let Some(x) = field(k) {
                 let empty = x.as_array().is_some_and(|a| a.is_empty())
                     || x.as_object().is_some_and(|o| o.is_empty());
@@ -63,12 +73,12 @@ impl PeftConfig {
         }
         if let Some(t) = field("target_modules") {
             let names: Vec<&str> = match t {
-                Value::String(s) => {
-                    return Err(bad(
-                        path,
-                        format!("target_modules as a pattern ({s:?}) is not supported; list the modules"),
-                    ))
-                }
+                Value::String(s) => return Err(bad(
+                    path,
+                    format!(
+                        "target_modules as a pattern ({s:?}) is not supported; list the modules"
+                    ),
+                )),
                 Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
                 _ => return Err(bad(path, "target_modules must be a list of module names")),
             };
@@ -85,8 +95,11 @@ impl PeftConfig {
         let r = field("r")
             .and_then(Value::as_u64)
             .filter(|&r| r > 0)
-            .ok_or_else(|| bad(path, "adapter_config.json needs a positive integer r"))? as usize;
-        let alpha = field("lora_alpha").and_then(Value::as_f64).unwrap_or(r as f64);
+            .ok_or_else(|| bad(path, "adapter_config.json needs a positive integer r"))?
+            as usize;
+        let alpha = field("lora_alpha")
+            .and_then(Value::as_f64)
+            .unwrap_or(r as f64);
         let map = |k: &str| -> Result<BTreeMap<String, f64>> {
             match field(k) {
                 None => Ok(BTreeMap::new()),
@@ -107,7 +120,10 @@ impl PeftConfig {
                 if v >= 1.0 && v.fract() == 0.0 {
                     Ok((k, v as usize))
                 } else {
-                    Err(bad(path, format!("rank_pattern[{k:?}] = {v} is not a positive integer")))
+                    Err(bad(
+                        path,
+                        format!("rank_pattern[{k:?}] = {v} is not a positive integer"),
+                    ))
                 }
             })
             .collect::<Result<_>>()?;
@@ -123,7 +139,9 @@ impl PeftConfig {
     /// `(rank, scale)` of the module named `full` (e.g. `model.layers.3.mlp.down_proj`).
     pub fn rank_and_scale(&self, full: &str) -> (usize, f32) {
         let r = pattern(&self.rank_pattern, full).copied().unwrap_or(self.r);
-        let alpha = pattern(&self.alpha_pattern, full).copied().unwrap_or(self.alpha);
+        let alpha = pattern(&self.alpha_pattern, full)
+            .copied()
+            .unwrap_or(self.alpha);
         let denom = if self.use_rslora {
             (r as f64).sqrt()
         } else {
@@ -153,12 +171,20 @@ fn parse_name(name: &str) -> Option<(usize, Target, bool, String)> {
         .strip_prefix("self_attn.")
         .or_else(|| module.strip_prefix("mlp."))?;
     let target = Target::from_hf(short)?;
-    let is_b = match tail.trim_end_matches(".weight").trim_end_matches(".default") {
+    let is_b = match tail
+        .trim_end_matches(".weight")
+        .trim_end_matches(".default")
+    {
         "A" => false,
         "B" => true,
         _ => return None,
     };
-    Some((layer, target, is_b, format!("model.layers.{layer}.{module}")))
+    Some((
+        layer,
+        target,
+        is_b,
+        format!("model.layers.{layer}.{module}"),
+    ))
 }
 
 fn to_f32(t: &safetensors::tensor::TensorView, name: &str, path: &Path) -> Result<Vec<f32>> {
@@ -176,7 +202,12 @@ fn to_f32(t: &safetensors::tensor::TensorView, name: &str, path: &Path) -> Resul
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        d => return Err(bad(path, format!("tensor {name} has unsupported dtype {d:?}"))),
+        d => {
+            return Err(bad(
+                path,
+                format!("tensor {name} has unsupported dtype {d:?}"),
+            ))
+        }
     })
 }
 
@@ -207,7 +238,8 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
             ));
         };
         let values = to_f32(&t, &name, dir)?;
-        pairs.entry((layer, target)).or_default()[is_b as usize] = Some((t.shape().to_vec(), values));
+        pairs.entry((layer, target)).or_default()[is_b as usize] =
+            Some((t.shape().to_vec(), values));
         names.insert((layer, target), full);
     }
     let permute = permutes_qk(base);
@@ -215,7 +247,10 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
     for ((layer, target), [a, b]) in pairs {
         let full = &names[&(layer, target)];
         let (Some((sa, a)), Some((sb, b))) = (a, b) else {
-            return Err(bad(dir, format!("{full} has only one of lora_A and lora_B")));
+            return Err(bad(
+                dir,
+                format!("{full} has only one of lora_A and lora_B"),
+            ));
         };
         let (inp, out) = target.shape(base);
         let (rank, scale) = cfg.rank_and_scale(full);
@@ -262,11 +297,18 @@ mod tests {
             p,
         )
         .unwrap();
-        assert_eq!(c.rank_and_scale("model.layers.0.self_attn.q_proj"), (4, 2.0));
-        assert_eq!(c.rank_and_scale("model.layers.1.mlp.down_proj"), (6, 8.0 / 6.0));
+        assert_eq!(
+            c.rank_and_scale("model.layers.0.self_attn.q_proj"),
+            (4, 2.0)
+        );
+        assert_eq!(
+            c.rank_and_scale("model.layers.1.mlp.down_proj"),
+            (6, 8.0 / 6.0)
+        );
         assert_eq!(c.rank_and_scale("model.layers.2.mlp.gate_proj"), (4, 0.75));
         assert_eq!(c.rank_and_scale("model.layers.12.mlp.gate_proj"), (4, 2.0));
-        let rs = PeftConfig::parse(&json!({"r": 8, "lora_alpha": 16, "use_rslora": true}), p).unwrap();
+        let rs =
+            PeftConfig::parse(&json!({"r": 8, "lora_alpha": 16, "use_rslora": true}), p).unwrap();
         assert!((rs.rank_and_scale("a.q_proj").1 - 16.0 / 8f32.sqrt()).abs() < 1e-6);
     }
 
@@ -277,9 +319,15 @@ mod tests {
             (json!({"r": 4, "use_dora": true}), "DoRA"),
             (json!({"r": 4, "peft_type": "IA3"}), "IA3"),
             (json!({"r": 4, "bias": "all"}), "bias"),
-            (json!({"r": 4, "target_modules": ["q_proj", "embed_tokens"]}), "embed_tokens"),
+            (
+                json!({"r": 4, "target_modules": ["q_proj", "embed_tokens"]}),
+                "embed_tokens",
+            ),
             (json!({"r": 4, "target_modules": ".*proj"}), "pattern"),
-            (json!({"r": 4, "modules_to_save": ["lm_head"]}), "modules_to_save"),
+            (
+                json!({"r": 4, "modules_to_save": ["lm_head"]}),
+                "modules_to_save",
+            ),
             (json!({"r": 0}), "positive integer r"),
         ] {
             let e = PeftConfig::parse(&cfg, p).unwrap_err().to_string();

@@ -7,8 +7,10 @@
 //! or one decode token), with its own block table into the paged [`KvStorage`]. The batch is
 //! prepared once into flat rows ([`prepared`]); each layer is an attention stage and an MLP
 //! stage running on any contiguous range of rows ([`stages`]). Every matrix product goes
-//! through a [`Linear`], the one trait a LoRA delta or a tensor-parallel shard will wrap.
+//! through a [`Linear`], the one trait a LoRA delta ([`adapted`]) or a tensor-parallel shard
+//! wraps; the adapters themselves are the step's, passed in [`ExecCtx`].
 
+pub mod adapted;
 pub mod attention;
 pub mod batch;
 pub mod kv;
@@ -19,6 +21,7 @@ pub mod rope;
 pub mod stages;
 pub mod workspace;
 
+pub use adapted::AdaptedLinear;
 pub use batch::{
     BatchMeta, Logits, LogitsFor, LogitsView, RowSegment, SeqChunk, SplitBy, SubBatching,
 };

@@ -7,11 +7,13 @@
 //! gate/up) names the column range of each of its parts.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use tessera_core::{Error, Result, WeightTensor};
 use tessera_kernels::gemm::GemmWeight;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
+use tessera_lora::LoraAdapter;
 use tessera_runtime::ThreadPool;
 
 use crate::batch::RowSegment;
@@ -22,6 +24,8 @@ pub struct ExecCtx<'a> {
     pub pool: &'a ThreadPool,
     pub planner: &'a Planner,
     pub precision: Precision,
+    /// The step's adapters: a row segment's adapter slot indexes this table.
+    pub adapters: &'a [Arc<LoraAdapter>],
 }
 
 pub trait Linear: Send + Sync {

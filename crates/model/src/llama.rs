@@ -7,6 +7,9 @@ use tessera_core::{Error, Result, WeightTensor};
 use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::plan::Precision;
 
+use tessera_lora::Target;
+
+use crate::adapted::AdaptedLinear;
 use crate::kv::KvStorage;
 use crate::linear::{DenseLinear, Linear};
 use crate::rope::Rope;
@@ -50,23 +53,46 @@ fn linear(
     inp: usize,
     repack: bool,
 ) -> Result<Box<dyn Linear>> {
-    stacked(files, &[(name, out)], inp, repack)
+    Ok(Box::new(dense(files, &[(name, out)], inp, repack)?))
 }
 
 /// Projections of one input fused into one product; every part must exist with the
 /// expected shape.
-fn stacked(
+fn dense(
     files: &ModelFiles,
     parts: &[(&str, usize)],
     inp: usize,
     repack: bool,
-) -> Result<Box<dyn Linear>> {
+) -> Result<DenseLinear> {
     let mut v = Vec::with_capacity(parts.len());
     for &(name, out) in parts {
         let w = files.tensor(&format!("{name}.weight"))?.clone();
         v.push((w, files.tensors.get(&format!("{name}.bias")), out));
     }
-    Ok(Box::new(DenseLinear::stacked(v, inp, repack)?))
+    DenseLinear::stacked(v, inp, repack)
+}
+
+/// Layer `layer`'s projections `parts` (each with the adapter target it answers to), fused
+/// into one product that also applies the step's LoRA deltas.
+fn adapted(
+    files: &ModelFiles,
+    layer: usize,
+    parts: &[(Target, usize)],
+    inp: usize,
+    repack: bool,
+) -> Result<Box<dyn Linear>> {
+    let names: Vec<(String, usize)> = parts
+        .iter()
+        .map(|&(t, out)| (format!("blk.{layer}.{}", t.gguf_name()), out))
+        .collect();
+    let named: Vec<(&str, usize)> = names.iter().map(|(n, o)| (n.as_str(), *o)).collect();
+    let base = dense(files, &named, inp, repack)?;
+    let targets = parts.iter().map(|p| p.0).collect();
+    Ok(Box::new(AdaptedLinear::new(
+        Box::new(base),
+        layer,
+        targets,
+    )?))
 }
 
 impl LlamaModel {
@@ -91,15 +117,16 @@ impl LlamaModel {
             layers.push(Layer {
                 attn_norm: vector(files, &p("attn_norm.weight"), h)?,
                 ffn_norm: vector(files, &p("ffn_norm.weight"), h)?,
-                qkv: stacked(
+                qkv: adapted(
                     files,
-                    &[(&p("attn_q"), q), (&p("attn_k"), kv), (&p("attn_v"), kv)],
+                    i,
+                    &[(Target::Q, q), (Target::K, kv), (Target::V, kv)],
                     h,
                     rp,
                 )?,
-                o: linear(files, &p("attn_output"), h, q, rp)?,
-                gate_up: stacked(files, &[(&p("ffn_gate"), ff), (&p("ffn_up"), ff)], h, rp)?,
-                down: linear(files, &p("ffn_down"), h, ff, rp)?,
+                o: adapted(files, i, &[(Target::O, h)], q, rp)?,
+                gate_up: adapted(files, i, &[(Target::Gate, ff), (Target::Up, ff)], h, rp)?,
+                down: adapted(files, i, &[(Target::Down, h)], ff, rp)?,
             });
         }
         let output: Box<dyn Linear> =

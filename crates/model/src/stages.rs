@@ -31,7 +31,7 @@ impl LlamaModel {
         ctx: &ExecCtx,
         split: SubBatching,
     ) -> Result<LogitsView<'w>> {
-        self.prepare(batch, kv, ws)?;
+        self.prepare(batch, kv, ws, ctx.adapters.len())?;
         let m = ws.batch.num_rows();
         let h = self.config.hidden_size;
         if m == 0 {
@@ -59,7 +59,13 @@ impl LlamaModel {
     }
 
     /// Validates `batch` and lays it out in `ws.batch`.
-    pub fn prepare(&self, batch: &BatchMeta, kv: &KvStorage, ws: &mut Workspace) -> Result<()> {
+    pub fn prepare(
+        &self,
+        batch: &BatchMeta,
+        kv: &KvStorage,
+        ws: &mut Workspace,
+        adapters: usize,
+    ) -> Result<()> {
         let c = &self.config;
         if kv.kv_dim() != c.kv_dim() || kv.layers() != c.n_layers {
             return Err(Error::Other(format!(
@@ -70,8 +76,8 @@ impl LlamaModel {
                 c.kv_dim()
             )));
         }
-        // No adapter slots yet: a chunk naming one is refused.
-        ws.batch.prepare(batch, kv, c.max_position, c.vocab_size, 0)
+        ws.batch
+            .prepare(batch, kv, c.max_position, c.vocab_size, adapters)
     }
 
     /// Embedding rows of `tokens` into `x`.

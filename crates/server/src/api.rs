@@ -156,6 +156,7 @@ impl GenSpec {
             ignore_eos: self.ignore_eos,
             logprobs: self.logprobs,
             priority: self.priority,
+            adapter: None,
         }
     }
 }

@@ -19,15 +19,18 @@ use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use tessera_tokenizer::{ChatMessage, Tokenizer};
 
+use crate::adapters::AdapterRegistry;
 use crate::api::{
     self, ApiError, ChatRequest, CompletionRequest, GenSpec, PromptField, TokenLogprob,
 };
 use crate::engine_loop::{EngineHandle, Submission};
+use tessera_engine::request::LoraAdapter;
 use tessera_engine::RequestEvent as Event;
 
 pub struct AppState {
     pub handle: EngineHandle,
     pub model_name: String,
+    pub adapters: Arc<AdapterRegistry>,
     pub api_key: Option<String>,
     pub tokenizer: Arc<Tokenizer>,
     pub max_model_len: usize,
@@ -46,6 +49,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/load_lora_adapter", post(load_lora))
+        .route("/v1/unload_lora_adapter", post(unload_lora))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .with_state(state)
@@ -70,18 +75,82 @@ fn check_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
-fn check_model(state: &AppState, model: &Option<String>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if m != &state.model_name => Err(ApiError {
-            status: 404,
-            message: format!(
-                "the model {m:?} does not exist (this server serves {:?})",
-                state.model_name
-            ),
-            param: Some("model".into()),
-            kind: "invalid_request_error",
-        }),
-        _ => Ok(()),
+/// The adapter the request's `model` names (`None`: the base model) and the name to answer
+/// with.
+async fn resolve_model(
+    state: &AppState,
+    model: &Option<String>,
+) -> Result<(Option<Arc<LoraAdapter>>, String), ApiError> {
+    let adapter = state.adapters.resolve(model.as_deref()).await?;
+    let name = match (&adapter, model) {
+        (Some(_), Some(m)) => m.clone(),
+        _ => state.model_name.clone(),
+    };
+    Ok((adapter, name))
+}
+
+#[derive(serde::Deserialize)]
+struct LoadLora {
+    lora_name: String,
+    lora_path: String,
+}
+
+#[derive(serde::Deserialize)]
+struct UnloadLora {
+    lora_name: String,
+}
+
+/// `POST /v1/load_lora_adapter` with vLLM's body: `{"lora_name", "lora_path"}`.
+async fn load_lora(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let run = async {
+        check_key(&state, &headers)?;
+        let req: LoadLora = parse(&body)?;
+        state
+            .adapters
+            .load(&req.lora_name, std::path::Path::new(&req.lora_path))
+            .await?;
+        Ok::<_, ApiError>(format!(
+            "Success: LoRA adapter '{}' added successfully.",
+            req.lora_name
+        ))
+    };
+    match run.await {
+        Ok(msg) => msg.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/unload_lora_adapter` with vLLM's body: `{"lora_name"}`. Requests running with
+/// the adapter finish with it.
+async fn unload_lora(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let run = || {
+        check_key(&state, &headers)?;
+        let req: UnloadLora = parse(&body)?;
+        let running = state.adapters.unload(&req.lora_name)?;
+        Ok::<_, ApiError>(if running == 0 {
+            format!(
+                "Success: LoRA adapter '{}' removed successfully.",
+                req.lora_name
+            )
+        } else {
+            format!(
+                "Success: LoRA adapter '{}' removed successfully; {running} running request(s) \
+                 finish with it.",
+                req.lora_name
+            )
+        })
+    };
+    match run() {
+        Ok(msg) => msg.into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -109,17 +178,25 @@ async fn models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Respo
     if let Err(e) = check_key(&state, &headers) {
         return e.into_response();
     }
-    Json(json!({"object": "list", "data": [{"id": state.model_name, "object": "model", "created": now(),
-        "owned_by": "tessera", "max_model_len": state.max_model_len}]}))
-    .into_response()
+    let mut data = vec![
+        json!({"id": state.model_name, "object": "model", "created": now(),
+        "owned_by": "tessera", "root": state.model_name, "parent": Value::Null,
+        "max_model_len": state.max_model_len}),
+    ];
+    for a in state.adapters.list() {
+        data.push(
+            json!({"id": a.name, "object": "model", "created": now(), "owned_by": "tessera",
+            "root": a.path.display().to_string(), "parent": state.model_name,
+            "max_model_len": state.max_model_len}),
+        );
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        state.handle.metrics.render(),
-    )
-        .into_response()
+    let mut text = state.handle.metrics.render();
+    text.push_str(&state.adapters.render_metrics());
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
 fn check_prompt_len(state: &AppState, ids: &[u32]) -> Result<(), ApiError> {
@@ -147,11 +224,14 @@ fn submit_all(
     state: &AppState,
     prompts: &[Vec<u32>],
     spec: &GenSpec,
+    adapter: &Option<Arc<LoraAdapter>>,
 ) -> Result<Vec<Submission>, ApiError> {
     let mut subs = vec![];
     for ids in prompts {
         for j in 0..spec.n {
-            subs.push(state.handle.submit(spec.request(ids.clone(), j as u64))?);
+            let mut req = spec.request(ids.clone(), j as u64);
+            req.adapter = adapter.clone();
+            subs.push(state.handle.submit(req)?);
         }
     }
     Ok(subs)
@@ -227,7 +307,7 @@ async fn completions_inner(
 ) -> Result<Response, ApiError> {
     check_key(&state, &headers)?;
     let req: CompletionRequest = parse(&body)?;
-    check_model(&state, &req.common.model)?;
+    let (adapter, model) = resolve_model(&state, &req.common.model).await?;
     if req.echo {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
@@ -252,9 +332,9 @@ async fn completions_inner(
     for p in &prompts {
         check_prompt_len(&state, p)?;
     }
-    let subs = submit_all(&state, &prompts, &spec)?;
+    let subs = submit_all(&state, &prompts, &spec, &adapter)?;
     let id = format!("cmpl-{}", subs[0].id);
-    let model = state.model_name.clone();
+    let answer_model = model.clone();
     if spec.stream {
         let include_usage = spec.include_usage;
         let stream = sse_stream(
@@ -291,7 +371,7 @@ async fn completions_inner(
             "finish_reason": c.finish.map(|r| r.as_str())}));
     }
     Ok(Json(
-        json!({"id": id, "object": "text_completion", "created": now(), "model": state.model_name,
+        json!({"id": id, "object": "text_completion", "created": now(), "model": answer_model,
         "choices": choices, "usage": api::usage(prompt_tokens, completion_tokens)}),
     )
     .into_response())
@@ -315,7 +395,7 @@ async fn chat_inner(
 ) -> Result<Response, ApiError> {
     check_key(&state, &headers)?;
     let req: ChatRequest = parse(&body)?;
-    check_model(&state, &req.common.model)?;
+    let (adapter, model) = resolve_model(&state, &req.common.model).await?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
@@ -347,9 +427,9 @@ async fn chat_inner(
         .encode(&text)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     check_prompt_len(&state, &ids)?;
-    let subs = submit_all(&state, &[ids], &spec)?;
+    let subs = submit_all(&state, &[ids], &spec, &adapter)?;
     let id = format!("chatcmpl-{}", subs[0].id);
-    let model = state.model_name.clone();
+    let answer_model = model.clone();
     if spec.stream {
         let stream = sse_stream(
             state.clone(),
@@ -384,7 +464,7 @@ async fn chat_inner(
             "logprobs": spec.logprobs.map(|_| api::chat_logprobs(&c.logprobs)), "finish_reason": c.finish.map(|r| r.as_str())}));
     }
     Ok(Json(
-        json!({"id": id, "object": "chat.completion", "created": now(), "model": state.model_name,
+        json!({"id": id, "object": "chat.completion", "created": now(), "model": answer_model,
         "choices": choices, "usage": api::usage(prompt_tokens, completion_tokens)}),
     )
     .into_response())

@@ -1,7 +1,8 @@
 //! Tessera's OpenAI-compatible server as a library: the wire format ([`api`]), the HTTP
-//! routes ([`http`]), the engine step loop behind them ([`engine_loop`]) and the metrics
-//! ([`metrics`]). The `tessera serve` command is a thin wrapper around [`serve`].
+//! routes ([`http`]), the engine thread behind them ([`engine_loop`]), the LoRA adapter
+//! registry ([`adapters`]) and the metrics ([`metrics`]). The `tessera serve` command is a thin wrapper around [`serve`].
 
+pub mod adapters;
 pub mod api;
 pub mod engine_loop;
 pub mod http;
@@ -19,11 +20,24 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     pub scheduler: SchedulerConfig,
     pub default_max_tokens: usize,
+    /// Adapters loaded at start, by name.
+    pub loras: Vec<(String, std::path::PathBuf)>,
+    /// Most adapters resident at once (least recently used evicted beyond).
+    pub max_loras: usize,
 }
 
 /// Builds the router over a started engine loop (tests use this with their own listener).
 pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> {
     let tokenizer = engine.tokenizer.clone();
+    let adapters = Arc::new(adapters::AdapterRegistry::new(
+        engine.model.config.clone(),
+        &opts.model_name,
+        opts.max_loras,
+    ));
+    for (name, path) in &opts.loras {
+        adapters.preload(name, path).map_err(anyhow::Error::msg)?;
+        eprintln!("LoRA adapter {name} loaded from {}", path.display());
+    }
     let handle = engine_loop::start(
         engine,
         engine_loop::LoopConfig {
@@ -33,6 +47,7 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
     let state = Arc::new(http::AppState {
         handle,
         model_name: opts.model_name.clone(),
+        adapters,
         api_key: opts.api_key.clone(),
         tokenizer,
         max_model_len: opts.scheduler.max_model_len,

@@ -38,20 +38,31 @@ pub async fn start_engine(
     cfg: impl FnOnce(&mut SchedulerConfig),
     api_key: Option<&str>,
 ) -> Server {
+    start_opts(engine, |o| {
+        cfg(&mut o.scheduler);
+        o.api_key = api_key.map(String::from);
+    })
+    .await
+}
+
+/// A server over `engine` with the test settings, then `edit` applied to them.
+pub async fn start_opts(engine: Engine, edit: impl FnOnce(&mut ServeOptions)) -> Server {
     let mut sched = SchedulerConfig::new(512, 16);
     sched.max_num_seqs = 16;
     sched.max_num_batched_tokens = 256;
     sched.max_prefill_chunk = 128;
     sched.max_model_len = 512;
     sched.max_waiting = 1024;
-    cfg(&mut sched);
-    let opts = ServeOptions {
+    let mut opts = ServeOptions {
         addr: "127.0.0.1:0".parse().unwrap(),
         model_name: "smol".into(),
-        api_key: api_key.map(String::from),
+        api_key: None,
         scheduler: sched,
         default_max_tokens: 16,
+        loras: vec![],
+        max_loras: 4,
     };
+    edit(&mut opts);
     let router = tessera_server::app(engine, &opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

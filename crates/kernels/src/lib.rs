@@ -9,6 +9,8 @@
 //! - [`gemm`]: executes a plan; [`matmul`]: plan-then-execute, what the model calls.
 //! - [`packed`], [`quant_acts`]: the integer-dot path's weight repack and 8-bit activations.
 //! - [`ops`], [`math`]: RMSNorm, SwiGLU, softmax, vector exp.
+//! - [`lora`]: batched multi-LoRA deltas (shrink then expand) over segments of rows;
+//!   `x86::lora_avx2` is its AVX2 expand.
 //!
 //! Numerics contract: the exact path dequantizes a weight to the f32 value the reference
 //! (`tessera_core::blocks`) defines, and each output element is a dot product whose
@@ -22,6 +24,7 @@ pub mod cost;
 pub mod gemm;
 pub mod generic;
 pub mod isa;
+pub mod lora;
 pub mod math;
 pub mod matmul;
 pub mod ops;
@@ -33,6 +36,7 @@ pub mod quant_acts;
 pub mod x86;
 
 pub use isa::Isa;
+pub use lora::{lora_apply, lora_apply_reference, plan_lora, LoraPlan, LoraSplit, LoraTask};
 pub use matmul::matmul;
 
 /// The canonical f32 dot product on the active ISA (see the crate's numerics contract).

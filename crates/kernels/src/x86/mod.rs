@@ -3,3 +3,4 @@
 
 pub mod avx2;
 pub mod avx2_q8;
+pub mod lora_avx2;

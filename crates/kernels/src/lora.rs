@@ -1,0 +1,680 @@
+//! Batched multi-LoRA deltas on CPU (SGMV/BGMV-style "shrink then expand", after Punica,
+//! Chen et al. 2023, and S-LoRA): the rows of a step come in contiguous segments, each with
+//! its own adapter (rank, scale, A, B) or none, and for a fused linear each part (q, k, v)
+//! has its own output columns. This module owns the task description ([`LoraTask`]), the
+//! parallel plan ([`LoraPlan`], chosen by [`plan_lora`]), its execution ([`lora_apply`]) and
+//! the f64 reference ([`lora_apply_reference`]); the caller owns adapters and shape checks.
+//!
+//! For each task and row i: `t[r] = dot(x[i], A[r])` (shrink, into the scratch), then for
+//! each column j: `acc = Σ_r t[r]·Bᵀ[r, j]` in order of r from zero and
+//! `out[i, col0 + j] += scale·acc` (expand). Ranks are heterogeneous and never padded.
+//!
+//! Batch invariance (bitwise, on a given ISA): each `t` is the crate's canonical dot product
+//! (order fixed by k alone; [`crate::dot_tile`] keeps it whatever the tile), and each output
+//! element has one fixed expand arithmetic whatever block or part its column falls in (FMA
+//! chains on AVX2, scalar tails with `mul_add`; multiply-then-add throughout on the portable
+//! path). So a row's delta depends only on its own x, its adapter and the ISA — not on the
+//! other tasks, the plan or the unit count.
+//!
+//! Cost: `Σ rows·rank·(k + n)` multiply-adds and one read of each adapter's A and B. Each
+//! call makes one pool dispatch (rows split: a unit shrinks and expands its own rows) or two
+//! (columns split: a balanced shrink, then every task's columns divided among the units).
+
+use std::ops::Range;
+
+use tessera_runtime::{split_range, split_range_aligned, DisjointMut, ThreadPool};
+
+use crate::Isa;
+
+/// One (segment, part) pair: rows `rows` of the input use this adapter's A and B for the
+/// output columns `col0..col0 + n`.
+#[derive(Debug, Clone)]
+pub struct LoraTask<'a> {
+    pub rows: Range<usize>,
+    pub rank: usize,
+    /// A, row-major `rank × k`.
+    pub a: &'a [f32],
+    /// B transposed, row-major `rank × n` (so the expand is a run of contiguous row updates).
+    pub b_t: &'a [f32],
+    pub scale: f32,
+    pub col0: usize,
+    pub n: usize,
+}
+
+/// How a call's work is divided among units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LoraSplit {
+    /// The (task, row) items, weighted `rank·(k + n)`, cut into `units` contiguous parts;
+    /// each unit shrinks and expands its own rows (one dispatch). Suits many rows.
+    Rows,
+    /// First all shrink dots cut evenly into `units` parts, then each task's columns cut
+    /// into `units` parts at multiples of 16 (two dispatches). Suits few rows.
+    Cols,
+}
+
+/// The parallel strategy chosen for one call, as plain data (printable with `{:?}`). Any
+/// plan is valid on any pool: parts beyond the pool's units run round-robin; `units == 1`
+/// runs on the calling thread without a dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraPlan {
+    pub split: LoraSplit,
+    /// Number of parts the work is cut into.
+    pub units: usize,
+}
+
+/// Multiply-adds per ns of one core on cache-resident f32 tiles (≈ 20 GFLOP/s).
+const MACS_PER_NS: f64 = 10.0;
+/// Adapter bytes one core streams per ns (its share of DRAM bandwidth).
+const WEIGHT_BYTES_PER_NS: f64 = 6.0;
+/// One pool dispatch and join (`MachineProfile::default_for`'s `dispatch_us`).
+const DISPATCH_NS: f64 = 600.0;
+/// How much cheaper than `Rows` the model must find `Cols` to pick it.
+const COLS_MARGIN: f64 = 0.95;
+/// Column alignment of the columns split (the AVX2 expand's widest block).
+const COL_ALIGN: usize = 16;
+
+/// Chooses the plan from the shapes (rows per task, ranks, k, n, unit count) with a simple
+/// cost model: per part, multiply-adds at `MACS_PER_NS` plus adapter bytes read at
+/// `WEIGHT_BYTES_PER_NS`; a plan costs its slowest part per phase plus `DISPATCH_NS` per
+/// dispatch. On several units `Cols` must beat `Rows` by `COLS_MARGIN` (the model does not
+/// price the rows split's locality: each t is used at once by the core that made it); the
+/// winner runs unless serial (`Rows` on 1 unit) is cheaper still.
+pub fn plan_lora(tasks: &[LoraTask], k: usize, units: usize) -> LoraPlan {
+    let serial = plan(LoraSplit::Rows, 1);
+    if units <= 1 {
+        return serial;
+    }
+    let (rows, cols) = (plan(LoraSplit::Rows, units), plan(LoraSplit::Cols, units));
+    let (rows_ns, cols_ns) = (estimate_ns(&rows, tasks, k), estimate_ns(&cols, tasks, k));
+    let (best, best_ns) = match cols_ns < COLS_MARGIN * rows_ns {
+        true => (cols, cols_ns),
+        false => (rows, rows_ns),
+    };
+    match best_ns < estimate_ns(&serial, tasks, k) {
+        true => best,
+        false => serial,
+    }
+}
+
+const fn plan(split: LoraSplit, units: usize) -> LoraPlan {
+    LoraPlan { split, units }
+}
+
+/// The cost model's time for `plan`, ns (see [`plan_lora`]).
+fn estimate_ns(plan: &LoraPlan, tasks: &[LoraTask], k: usize) -> f64 {
+    let ns = |(macs, bytes): (usize, usize)| {
+        macs as f64 / MACS_PER_NS + bytes as f64 / WEIGHT_BYTES_PER_NS
+    };
+    let mut slowest = [0f64; 2];
+    for p in 0..plan.units.max(1) {
+        for (s, w) in slowest.iter_mut().zip(part_work(plan, tasks, k, p)) {
+            *s = s.max(ns(w));
+        }
+    }
+    let dispatches = match (plan.units, plan.split) {
+        (0 | 1, _) => 0.0,
+        (_, LoraSplit::Rows) => 1.0,
+        (_, LoraSplit::Cols) => 2.0,
+    };
+    slowest[0] + slowest[1] + dispatches * DISPATCH_NS
+}
+
+/// (multiply-adds, adapter bytes read) of part `p` of `plan`, per phase (rows: one phase).
+fn part_work(plan: &LoraPlan, tasks: &[LoraTask], k: usize, p: usize) -> [(usize, usize); 2] {
+    let parts = plan.units.max(1);
+    let mut w = [(0, 0); 2];
+    match plan.split {
+        LoraSplit::Rows => for_rows_part(tasks, k, parts, p, |ti, rows, _| {
+            let per_row = tasks[ti].rank * (k + tasks[ti].n);
+            w[0] = (w[0].0 + rows.len() * per_row, w[0].1 + 4 * per_row);
+        }),
+        LoraSplit::Cols => {
+            for_dots_part(tasks, parts, p, |ti, dots, _| {
+                let a_rows = dots.len().min(tasks[ti].rank);
+                w[0] = (w[0].0 + dots.len() * k, w[0].1 + 4 * a_rows * k);
+            });
+            for t in tasks.iter().filter(|t| active(t)) {
+                let cols = split_range_aligned(t.n, parts, p, COL_ALIGN).len();
+                w[1] = (
+                    w[1].0 + t.rows.len() * t.rank * cols,
+                    w[1].1 + 4 * t.rank * cols,
+                );
+            }
+        }
+    }
+    w
+}
+
+/// Whether a task adds anything (rank 0, no rows or no columns: nothing to do).
+fn active(t: &LoraTask) -> bool {
+    t.rank > 0 && t.n > 0 && !t.rows.is_empty()
+}
+
+/// The task's shrunk values in the scratch: `rows.len() × rank`, tasks back to back.
+fn t_len(t: &LoraTask) -> usize {
+    usize::from(active(t)) * t.rows.len() * t.rank
+}
+
+/// Calls `f(task, local rows, task's scratch offset)` for what part `p` of `parts` owns in
+/// the rows split: the (task, row) items in order, each weighted `rank·(k + n)`, item j
+/// going to the part whose share of the total weight contains j's starting weight. A part's
+/// items are contiguous, in the scratch too.
+fn for_rows_part(
+    tasks: &[LoraTask],
+    k: usize,
+    parts: usize,
+    p: usize,
+    mut f: impl FnMut(usize, Range<usize>, usize),
+) {
+    let w = |t: &LoraTask| (usize::from(active(t)) * t.rank * (k + t.n)) as u128;
+    let total: u128 = tasks.iter().map(|t| w(t) * t.rows.len() as u128).sum();
+    let np = parts as u128;
+    let lo = (total * p as u128).div_ceil(np);
+    let hi = (total * (p as u128 + 1)).div_ceil(np);
+    let (mut cum, mut off) = (0u128, 0usize);
+    for (ti, t) in tasks.iter().enumerate() {
+        if cum >= hi {
+            break;
+        }
+        let wt = w(t);
+        if wt == 0 {
+            continue;
+        }
+        let len = t.rows.len() as u128;
+        // Item j starts at cum + j·wt and is ours iff lo <= start < hi.
+        let j0 = lo.saturating_sub(cum).div_ceil(wt).min(len) as usize;
+        let j1 = hi.saturating_sub(cum).div_ceil(wt).min(len) as usize;
+        if j0 < j1 {
+            f(ti, j0..j1, off);
+        }
+        cum += wt * len;
+        off += t_len(t);
+    }
+}
+
+/// Calls `f(task, local dot range, task's scratch offset)` for part `p`'s even share of all
+/// shrink dots, numbered as their scratch positions.
+fn for_dots_part(
+    tasks: &[LoraTask],
+    parts: usize,
+    p: usize,
+    mut f: impl FnMut(usize, Range<usize>, usize),
+) {
+    let mine = split_range(tasks.iter().map(t_len).sum(), parts, p);
+    let mut off = 0;
+    for (ti, t) in tasks.iter().enumerate() {
+        if off >= mine.end {
+            break;
+        }
+        let len = t_len(t);
+        let (s, e) = (mine.start.max(off), mine.end.min(off + len));
+        if s < e {
+            f(ti, s - off..e - off, off);
+        }
+        off += len;
+    }
+}
+
+/// Asserts the shape invariants the caller has already checked.
+fn check(x: &[f32], k: usize, tasks: &[LoraTask], out_len: usize, out_stride: usize) {
+    for t in tasks {
+        assert_eq!(t.a.len(), t.rank * k, "lora: A is not rank × k");
+        assert_eq!(t.b_t.len(), t.rank * t.n, "lora: Bᵀ is not rank × n");
+        assert!(t.col0 + t.n <= out_stride, "lora: columns past the row");
+        if !t.rows.is_empty() {
+            assert!(t.rows.end * k <= x.len(), "lora: rows past x");
+            let end = (t.rows.end - 1) * out_stride + t.col0 + t.n;
+            assert!(end <= out_len, "lora: rows past out");
+        }
+    }
+    let meet = |r: Range<usize>, s: Range<usize>| r.start < s.end && s.start < r.end;
+    let clash = |a: &LoraTask, b: &LoraTask| {
+        let cols = |t: &LoraTask| t.col0..t.col0 + t.n;
+        active(a) && active(b) && meet(a.rows.clone(), b.rows.clone()) && meet(cols(a), cols(b))
+    };
+    let disjoint = || (0..tasks.len()).all(|i| tasks[..i].iter().all(|b| !clash(&tasks[i], b)));
+    debug_assert!(disjoint(), "lora: tasks overlap in out");
+}
+
+/// Adds every task's delta to `out` (`m` rows of `out_stride` floats; task rows index x and out).
+/// `x`: rows of `k` floats. `scratch` holds the shrunk t values (grown as needed, reused).
+#[allow(clippy::too_many_arguments)]
+pub fn lora_apply(
+    pool: &ThreadPool,
+    plan: &LoraPlan,
+    x: &[f32],
+    k: usize,
+    tasks: &[LoraTask],
+    out: &mut [f32],
+    out_stride: usize,
+    scratch: &mut Vec<f32>,
+) {
+    check(x, k, tasks, out.len(), out_stride);
+    let total = tasks.iter().map(t_len).sum();
+    if total == 0 {
+        return;
+    }
+    if scratch.len() < total {
+        scratch.resize(total, 0.0);
+    }
+    let isa = Isa::active();
+    let parts = plan.units.max(1);
+    let on_units = |job: &(dyn Fn(usize) + Sync)| {
+        if parts == 1 {
+            job(0);
+        } else {
+            let step = pool.units();
+            pool.run(|u| (u..parts).step_by(step).for_each(job));
+        }
+    };
+    let outs = DisjointMut::new(out);
+    match plan.split {
+        LoraSplit::Rows => {
+            let ts = DisjointMut::new(&mut scratch[..total]);
+            on_units(&|p| {
+                for_rows_part(tasks, k, parts, p, |ti, rows, off| {
+                    let task = &tasks[ti];
+                    let dots = rows.start * task.rank..rows.end * task.rank;
+                    // SAFETY: parts own disjoint (task, row) items, hence scratch ranges.
+                    let t = unsafe { ts.slice(off + dots.start, dots.len()) };
+                    shrink(x, k, task, dots, t);
+                    expand(isa, task, t, rows, 0..task.n, outs, out_stride);
+                })
+            });
+        }
+        LoraSplit::Cols => {
+            let ts = DisjointMut::new(&mut scratch[..total]);
+            on_units(&|p| {
+                for_dots_part(tasks, parts, p, |ti, dots, off| {
+                    // SAFETY: parts own disjoint dot ranges, i.e. scratch ranges.
+                    let t = unsafe { ts.slice(off + dots.start, dots.len()) };
+                    shrink(x, k, &tasks[ti], dots, t);
+                })
+            });
+            let all_t = &scratch[..total];
+            on_units(&|p| {
+                let mut off = 0;
+                for task in tasks.iter().filter(|t| active(t)) {
+                    let len = t_len(task);
+                    let cols = split_range_aligned(task.n, parts, p, COL_ALIGN);
+                    if !cols.is_empty() {
+                        let t = &all_t[off..off + len];
+                        expand(isa, task, t, 0..task.rows.len(), cols, outs, out_stride);
+                    }
+                    off += len;
+                }
+            });
+        }
+    }
+}
+
+/// `t[d - dots.start] = dot(x[task row d / rank], A[d % rank])` for the task's dots `dots`
+/// (numbered `row·rank + r`, as in the scratch), in tiles of canonical dots: up to 3 whole
+/// rows × 4 ranks, sharing loads; a partial row at either end on its own.
+fn shrink(x: &[f32], k: usize, task: &LoraTask, dots: Range<usize>, t: &mut [f32]) {
+    let rank = task.rank;
+    let x_row = |i: usize| &x[(task.rows.start + i) * k..][..k];
+    let mut d = dots.start;
+    while d < dots.end {
+        let (i0, r0, left) = (d / rank, d % rank, dots.end - d);
+        let (mr, r1) = match r0 == 0 && left >= rank {
+            true => ((left / rank).min(3), rank),
+            false => (1, rank.min(r0 + left)),
+        };
+        let xs: [&[f32]; 3] = std::array::from_fn(|a| x_row(i0 + a.min(mr - 1)));
+        for q in (r0..r1).step_by(4) {
+            let nr = (r1 - q).min(4);
+            let ws: [&[f32]; 4] = std::array::from_fn(|b| &task.a[(q + b.min(nr - 1)) * k..][..k]);
+            let base = i0 * rank + q - dots.start;
+            crate::dot_tile(&xs[..mr], &ws[..nr], &mut |a, b, v| {
+                t[base + a * rank + b] = v
+            });
+        }
+        d += (mr - 1) * rank + r1 - r0;
+    }
+}
+
+/// `out[task row i, col0 + j] += scale · Σ_r t[i, r]·Bᵀ[r, j]` for local rows `rows` (`t`
+/// holds them from `rows.start`, `rank` apart) and columns `cols`, up to 4 rows at a time.
+fn expand(
+    isa: Isa,
+    task: &LoraTask,
+    t: &[f32],
+    rows: Range<usize>,
+    cols: Range<usize>,
+    outs: DisjointMut<f32>,
+    out_stride: usize,
+) {
+    let (rank, len) = (task.rank, cols.len());
+    assert!(cols.end <= task.n && t.len() >= rows.len() * rank);
+    let b = &task.b_t[cols.start..];
+    let t_row = |i: usize| &t[(i - rows.start) * rank..][..rank];
+    let out_at = |i: usize| (task.rows.start + i) * out_stride + task.col0 + cols.start;
+    let _ = isa; // only x86 builds branch on it
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        for i0 in rows.clone().step_by(4) {
+            let mr = (rows.end - i0).min(4);
+            let o: [*mut f32; 4] = std::array::from_fn(|a| match a < mr {
+                // SAFETY: this part owns these (row, column) elements of out.
+                true => unsafe { outs.slice(out_at(i0 + a), len) }.as_mut_ptr(),
+                false => std::ptr::null_mut(),
+            });
+            let tp: [*const f32; 4] = std::array::from_fn(|a| t_row(i0 + a.min(mr - 1)).as_ptr());
+            // SAFETY: AVX2+FMA checked via `Isa`; the first `mr` out rows hold `len` values
+            // each (bounds-checked slices of distinct rows), each t row `rank`; Bᵀ rows are
+            // `n` apart and `cols.end <= n`, so each row r < rank of `b` has `len` values.
+            unsafe {
+                let b = b.as_ptr();
+                crate::x86::lora_avx2::expand_rows(o, tp, mr, b, task.n, rank, len, task.scale)
+            }
+        }
+        return;
+    }
+    for i in rows.clone() {
+        // SAFETY: this part owns these (row, column) elements of out.
+        let o = unsafe { outs.slice(out_at(i), len) };
+        expand_row_generic(o, t_row(i), b, task.n, task.scale);
+    }
+}
+
+/// Portable twin of `x86::lora_avx2::expand_tile` for one row: per column, `acc += t[r]·b`
+/// over r in order from zero, then `out += scale·acc`; 64 columns of accumulators at a time.
+pub(crate) fn expand_row_generic(out: &mut [f32], t: &[f32], b: &[f32], ldb: usize, scale: f32) {
+    const C: usize = 64;
+    for c0 in (0..out.len()).step_by(C) {
+        let w = C.min(out.len() - c0);
+        let mut acc = [0f32; C];
+        for (r, &tr) in t.iter().enumerate() {
+            for (a, &bv) in acc[..w].iter_mut().zip(&b[r * ldb + c0..][..w]) {
+                *a += tr * bv;
+            }
+        }
+        for (o, &a) in out[c0..c0 + w].iter_mut().zip(&acc[..w]) {
+            *o += scale * a;
+        }
+    }
+}
+
+/// Naive reference, f64 accumulation, returns the deltas added to a copy of `out`.
+pub fn lora_apply_reference(
+    x: &[f32],
+    k: usize,
+    tasks: &[LoraTask],
+    out: &[f32],
+    out_stride: usize,
+) -> Vec<f64> {
+    check(x, k, tasks, out.len(), out_stride);
+    let mut res: Vec<f64> = out.iter().map(|&v| v as f64).collect();
+    for task in tasks.iter().filter(|t| active(t)) {
+        for i in task.rows.clone() {
+            let xi = &x[i * k..][..k];
+            let dot =
+                |a: &[f32]| -> f64 { a.iter().zip(xi).map(|(&a, &x)| a as f64 * x as f64).sum() };
+            let t: Vec<f64> = (0..task.rank).map(|r| dot(&task.a[r * k..][..k])).collect();
+            for j in 0..task.n {
+                let acc: f64 = (0..task.rank)
+                    .map(|r| t[r] * task.b_t[r * task.n + j] as f64)
+                    .sum();
+                res[i * out_stride + task.col0 + j] += task.scale as f64 * acc;
+            }
+        }
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    use std::sync::OnceLock;
+
+    fn pool(units: usize) -> &'static ThreadPool {
+        static POOLS: [OnceLock<ThreadPool>; 2] = [OnceLock::new(), OnceLock::new()];
+        POOLS[units - 1].get_or_init(|| ThreadPool::new(units))
+    }
+
+    /// Both splits on 1, 2 and 3 parts (3 parts on a 2-unit pool run round-robin).
+    const PLANS: [LoraPlan; 6] = [
+        plan(LoraSplit::Rows, 1),
+        plan(LoraSplit::Rows, 2),
+        plan(LoraSplit::Rows, 3),
+        plan(LoraSplit::Cols, 1),
+        plan(LoraSplit::Cols, 2),
+        plan(LoraSplit::Cols, 3),
+    ];
+    const KS: [usize; 13] = [1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 33, 64, 67];
+    const NS: [usize; 14] = [1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 31, 33, 40, 67];
+
+    /// A segment: `len` rows, and an adapter (seed, one rank per part) or none.
+    type Seg = (usize, Option<(u64, Vec<usize>)>);
+    /// An owned task: (rows, rank, A, Bᵀ, scale, col0, n).
+    type Own = (Range<usize>, usize, Vec<f32>, Vec<f32>, f32, usize, usize);
+
+    #[derive(Clone)]
+    struct Batch {
+        k: usize,
+        stride: usize,
+        x: Vec<f32>,
+        out: Vec<f32>,
+        owned: Vec<Own>,
+    }
+
+    fn rand(rng: &mut StdRng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+    }
+
+    impl Batch {
+        /// Parts of widths `ns` side by side in each row, one untouched column after each.
+        fn new(k: usize, ns: &[usize], segs: &[Seg], seed: u64) -> Batch {
+            let stride = ns.iter().map(|n| n + 1).sum::<usize>() + 1;
+            let m: usize = segs.iter().map(|s| s.0).sum();
+            let mut rng = StdRng::seed_from_u64(seed);
+            let (x, out) = (rand(&mut rng, m * k), rand(&mut rng, m * stride));
+            let (mut owned, mut start) = (Vec::new(), 0);
+            for (len, adapter) in segs {
+                let mut col0 = 0;
+                for (p, &n) in ns.iter().enumerate() {
+                    if let Some((s, ranks)) = adapter {
+                        let r = ranks[p];
+                        let mut arng = StdRng::seed_from_u64(s.wrapping_add(p as u64));
+                        let (a, b) = (rand(&mut arng, r * k), rand(&mut arng, r * n));
+                        let scale = [0.5, 2.0, -1.25, 0.125][(*s % 4) as usize];
+                        owned.push((start..start + len, r, a, b, scale, col0, n));
+                    }
+                    col0 += n + 1;
+                }
+                start += len;
+            }
+            Batch {
+                k,
+                stride,
+                x,
+                out,
+                owned,
+            }
+        }
+
+        fn tasks(&self) -> Vec<LoraTask<'_>> {
+            let tasks = self.owned.iter();
+            tasks
+                .map(|(rows, rank, a, b_t, scale, col0, n)| LoraTask {
+                    rows: rows.clone(),
+                    rank: *rank,
+                    a,
+                    b_t,
+                    scale: *scale,
+                    col0: *col0,
+                    n: *n,
+                })
+                .collect()
+        }
+
+        fn run(&self, units: usize, plan: &LoraPlan, scratch: &mut Vec<f32>) -> Vec<f32> {
+            let (mut out, tasks, pool) = (self.out.clone(), self.tasks(), pool(units));
+            lora_apply(
+                pool,
+                plan,
+                &self.x,
+                self.k,
+                &tasks,
+                &mut out,
+                self.stride,
+                scratch,
+            );
+            out
+        }
+
+        fn reference(&self) -> Vec<f64> {
+            lora_apply_reference(&self.x, self.k, &self.tasks(), &self.out, self.stride)
+        }
+
+        /// Every value replaced by its magnitude: its reference bounds the rounding error.
+        fn abs(&self) -> Batch {
+            let abs = |v: &Vec<f32>| v.iter().map(|x| x.abs()).collect();
+            let mut b = self.clone();
+            (b.x, b.out) = (abs(&self.x), abs(&self.out));
+            for o in &mut b.owned {
+                (o.2, o.3, o.4) = (abs(&o.2), abs(&o.3), o.4.abs());
+            }
+            b
+        }
+    }
+
+    fn seg() -> impl Strategy<Value = Seg> {
+        let len = prop_oneof![Just(1usize), 1usize..5, 20usize..70];
+        let ranks = prop::collection::vec(1usize..=17, 3);
+        (len, prop::option::weighted(0.8, (any::<u64>(), ranks)))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Every plan on 1 and 2 units against the f64 reference, and bitwise equal to each
+        /// other (with a scratch left dirty by the previous call).
+        #[test]
+        fn every_plan_matches_reference_and_each_other(
+            k in prop::sample::select(&KS[..]),
+            ns in prop::collection::vec(prop::sample::select(&NS[..]), 1..=3),
+            segs in prop::collection::vec(seg(), 1..7),
+            seed in any::<u64>(),
+        ) {
+            let b = Batch::new(k, &ns, &segs, seed);
+            let mut scratch = vec![f32::NAN; 7];
+            let first = b.run(1, &PLANS[0], &mut scratch);
+            for ((g, r), m) in first.iter().zip(b.reference()).zip(b.abs().reference()) {
+                let tol = m * (k + 20) as f64 * 2.0 * f32::EPSILON as f64;
+                prop_assert!((*g as f64 - r).abs() <= tol, "k={} ns={:?}: {} vs {}", k, ns, g, r);
+            }
+            for units in [1, 2] {
+                let planned = plan_lora(&b.tasks(), k, units);
+                for plan in PLANS.iter().chain([&planned]) {
+                    let got = b.run(units, plan, &mut scratch);
+                    prop_assert_eq!(&got, &first, "{:?} on {} units", plan, units);
+                }
+            }
+        }
+
+        /// A row's output alone (one 1-row task per part) is bitwise its output inside a mixed
+        /// batch (1-row segments of other adapters, then the row's segment of 1 or `big` rows,
+        /// an adapter-less segment, a long one), for every plan on 1 and 2 units.
+        #[test]
+        fn row_alone_equals_row_in_batch(
+            k in prop::sample::select(&KS[..]),
+            ns in prop::collection::vec(prop::sample::select(&NS[..]), 1..=3),
+            ranks in prop::collection::vec(1usize..=17, 3),
+            big in 2usize..80,
+            pos in any::<usize>(),
+            seed in any::<u64>(),
+        ) {
+            let other = |i: usize| Some((seed ^ (100 + i as u64), vec![1 + i * 5 % 17; 3]));
+            let seg_len = if pos % 2 == 0 { 1 } else { big };
+            let mut segs: Vec<Seg> = (1..6).map(|i| (1, other(i))).collect();
+            segs.extend([(seg_len, Some((seed, ranks))), (3, None), (big, other(7))]);
+            let b = Batch::new(k, &ns, &segs, seed);
+            let row = 5 + pos % seg_len;
+            let mut alone = b.clone();
+            alone.x = b.x[row * k..(row + 1) * k].to_vec();
+            alone.out = b.out[row * b.stride..(row + 1) * b.stride].to_vec();
+            alone.owned = b.owned[5 * ns.len()..6 * ns.len()].to_vec();
+            alone.owned.iter_mut().for_each(|o| o.0 = 0..1);
+            let mut scratch = Vec::new();
+            let want = alone.run(1, &PLANS[0], &mut scratch);
+            for units in [1, 2] {
+                let planned = [b.tasks(), alone.tasks()].map(|t| plan_lora(&t, k, units));
+                for plan in PLANS.iter().chain(&planned) {
+                    let got = alone.run(units, plan, &mut scratch);
+                    prop_assert_eq!(&got, &want, "alone, {:?}", plan);
+                    let got = b.run(units, plan, &mut scratch);
+                    let got = &got[row * b.stride..(row + 1) * b.stride];
+                    prop_assert_eq!(got, &want[..], "{:?} on {} units", plan, units);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_and_degenerate_tasks_change_nothing() {
+        let b = Batch::new(5, &[3], &[(2, Some((1, vec![2; 3])))], 9);
+        let (mut none, mut no_rows, mut rank0) = (b.clone(), b.clone(), b.clone());
+        none.owned.clear();
+        no_rows.owned[0].0 = 1..1;
+        rank0.owned[0] = (0..2, 0, vec![], vec![], 1.0, 0, 3);
+        for c in [none, no_rows, rank0] {
+            for plan in &PLANS {
+                let mut scratch = Vec::new();
+                assert!(c.run(2, plan, &mut scratch) == b.out && scratch.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn planner_keeps_both_units_busy_and_balanced() {
+        // A real model's shapes: k = 4096, a fused q/k/v of widths 4096/1024/1024.
+        let ns = [4096, 1024, 1024];
+        let decode: Vec<Seg> = (0..16)
+            .map(|i| (1, Some((i, vec![[8, 16, 32, 64][i as usize % 4]; 3]))))
+            .collect();
+        let prefill: Vec<Seg> = [(300, 16), (200, 64), (120, 8)]
+            .map(|(len, r)| (len, Some((r as u64, vec![r; 3]))))
+            .to_vec();
+        let single: Vec<Seg> = vec![(1, Some((0, vec![16; 3])))];
+        for (segs, split) in [
+            (decode, LoraSplit::Rows),
+            (prefill, LoraSplit::Rows),
+            (single, LoraSplit::Cols),
+        ] {
+            let b = Batch::new(4096, &ns, &segs, 0);
+            let tasks = b.tasks();
+            assert_eq!(plan_lora(&tasks, 4096, 1), PLANS[0]);
+            let total: usize = tasks
+                .iter()
+                .map(|t| t.rows.len() * t.rank * (4096 + t.n))
+                .sum();
+            let macs = |plan, p| {
+                part_work(&plan, &tasks, 4096, p)
+                    .iter()
+                    .map(|w| w.0)
+                    .sum::<usize>()
+            };
+            for plan in PLANS {
+                // Every multiply-add is done once: by exactly one part.
+                assert_eq!(
+                    (0..plan.units).map(|p| macs(plan, p)).sum::<usize>(),
+                    total,
+                    "{plan:?}"
+                );
+            }
+            let chosen = plan_lora(&tasks, 4096, 2);
+            assert_eq!(chosen, plan(split, 2), "{segs:?}");
+            let (m0, m1) = (macs(chosen, 0), macs(chosen, 1));
+            assert!(
+                m0.min(m1) as f64 >= 0.9 * m0.max(m1) as f64,
+                "{chosen:?}: {m0} {m1}"
+            );
+        }
+        // Tiny work stays on the calling thread: a dispatch costs more than it saves.
+        let tiny = Batch::new(8, &[8], &[(1, Some((1, vec![1; 3])))], 0);
+        assert_eq!(plan_lora(&tiny.tasks(), 8, 2).units, 1);
+    }
+}

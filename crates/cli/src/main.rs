@@ -47,6 +47,17 @@ struct ModelArgs {
     /// `serve`: `--lora NAME=PATH`, repeatable; requests pick one with `"model": NAME`.
     #[arg(long, global = true)]
     lora: Vec<String>,
+    /// Tensor parallelism: split the model over this many ranks (each with its share of the
+    /// threads, its shard of every split weight and its heads' KV cache).
+    #[arg(long, global = true, default_value_t = 1)]
+    tp: usize,
+    /// Where the ranks run: `local` (thread groups of this process).
+    #[arg(long, global = true, default_value = "local")]
+    tp_backend: String,
+    /// Seconds a rank may stay silent in a collective before the others stop with an error
+    /// naming it.
+    #[arg(long, global = true, default_value_t = 10.0)]
+    tp_timeout: f64,
 }
 
 #[derive(Subcommand)]
@@ -243,15 +254,41 @@ fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
     }
     let sub_batching = SubBatching::new(args.sub_batches, args.split_by)
         .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?;
+    if args.tp == 0 {
+        bail!("--tp must be at least 1");
+    }
+    match args.tp_backend.as_str() {
+        "local" => {}
+        "mpi" => bail!(
+            "--tp-backend mpi is not available yet: this build runs tensor parallelism in one \
+             process only (--tp-backend local)"
+        ),
+        o => bail!("--tp-backend {o:?}: expected local or mpi"),
+    }
+    if !(args.tp_timeout > 0.0 && args.tp_timeout.is_finite()) {
+        bail!("--tp-timeout must be a positive number of seconds");
+    }
     let planner = tessera_engine::tuning::load_planner();
-    let mut engine = Engine::load_with(&path, threads, precision, planner)
-        .with_context(|| format!("loading {}", path.display()))?;
+    let mut engine = Engine::load_tp(
+        &path,
+        threads,
+        precision,
+        planner,
+        args.tp,
+        std::time::Duration::from_secs_f64(args.tp_timeout),
+    )
+    .with_context(|| format!("loading {}", path.display()))?;
     engine.sub_batching = sub_batching;
     eprintln!(
-        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads [{}, {precision}, {}]",
+        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads{} [{}, {precision}, {}]",
         engine.name,
         engine.weight_bytes as f64 / 1e6,
         engine.load_secs,
+        if args.tp > 1 {
+            format!(", {} tensor-parallel ranks", args.tp)
+        } else {
+            String::new()
+        },
         tessera_engine::isa_name(),
         if engine.planner.cache.plans.is_empty() {
             "cost model"
@@ -442,7 +479,7 @@ fn run(cli: Cli) -> Result<()> {
                 o => bail!("--lora-batching {o:?}: expected mixed or serial"),
             };
             let engine = load(&model, Precision::Fast)?;
-            let c = &engine.model.config;
+            let c = &engine.config;
             let block = tessera_engine::KV_BLOCK_SIZE;
             let bytes_per_block = 2 * c.n_layers * block * c.kv_dim() * 4;
             let num_blocks = kv_blocks.unwrap_or((kv_memory_mb << 20) / bytes_per_block.max(1));

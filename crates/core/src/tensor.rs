@@ -158,6 +158,62 @@ impl WeightTensor {
         t.expect("from_f32: shape must match the number of values")
     }
 
+    /// Rows `rows` of a 2-D tensor (a window into the same bytes).
+    pub fn slice_rows(&self, rows: std::ops::Range<usize>) -> Result<Self> {
+        if self.shape.len() != 2 || rows.end > self.rows() || rows.start > rows.end {
+            return Err(Error::Other(format!(
+                "tensor {}: cannot take rows {rows:?} of shape {:?}",
+                self.name, self.shape
+            )));
+        }
+        let rb = self.row_bytes();
+        let bytes = match &self.bytes {
+            TensorBytes::Mapped { map, offset, .. } => TensorBytes::Mapped {
+                map: map.clone(),
+                offset: offset + rows.start * rb,
+                len: rows.len() * rb,
+            },
+            TensorBytes::Owned { .. } => {
+                TensorBytes::owned(&self.data()[rows.start * rb..rows.end * rb])
+            }
+        };
+        Self::new(
+            self.name.clone(),
+            self.dtype,
+            vec![rows.len(), self.cols()],
+            bytes,
+        )
+    }
+
+    /// Columns `cols` of a 2-D tensor, copied; block-quantized tensors split on block
+    /// boundaries only.
+    pub fn slice_cols(&self, cols: std::ops::Range<usize>) -> Result<Self> {
+        let bl = self.dtype.block_len();
+        if self.shape.len() != 2
+            || cols.end > self.cols()
+            || cols.start > cols.end
+            || cols.start % bl != 0
+            || cols.end % bl != 0
+        {
+            return Err(Error::Other(format!(
+                "tensor {}: cannot take columns {cols:?} of shape {:?} ({} blocks of {bl})",
+                self.name, self.shape, self.dtype
+            )));
+        }
+        let per_block = self.row_bytes() / (self.cols() / bl).max(1);
+        let (b0, b1) = (cols.start / bl * per_block, cols.end / bl * per_block);
+        let mut out = Vec::with_capacity(self.rows() * (b1 - b0));
+        for r in 0..self.rows() {
+            out.extend_from_slice(&self.row(r)[b0..b1]);
+        }
+        Self::new(
+            self.name.clone(),
+            self.dtype,
+            vec![self.rows(), cols.len()],
+            TensorBytes::owned(&out),
+        )
+    }
+
     /// Number of rows: the product of all but the innermost dimension.
     pub fn rows(&self) -> usize {
         self.shape.iter().rev().skip(1).product()

@@ -2,18 +2,21 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tessera_core::Result;
+use tessera_formats::ModelConfig;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_lora::LoraAdapter;
 use tessera_model::{
-    BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, LogitsFor, SeqChunk, SubBatching, Workspace,
+    BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, LogitsFor, LogitsView, SeqChunk,
+    SubBatching, Workspace,
 };
 use tessera_runtime::ThreadPool;
 use tessera_tokenizer::Tokenizer;
 
+use crate::tp::TpGroup;
 use crate::KV_BLOCK_SIZE;
 
 /// A test-only hook consulted before every step's forward (cargo feature `fault-injection`).
@@ -23,6 +26,8 @@ pub type FaultHook =
 
 pub struct Engine {
     pub name: String,
+    /// The whole model's configuration (under tensor parallelism `model` is rank 0's shard).
+    pub config: ModelConfig,
     pub model: LlamaModel,
     /// Shared with the HTTP handlers, which tokenize and render chat templates.
     pub tokenizer: Arc<Tokenizer>,
@@ -36,9 +41,33 @@ pub struct Engine {
     pub load_secs: f64,
     /// Activation buffers of the one-off forwards ([`Engine::forward`], [`Engine::logits_all`]);
     /// step engines own their own.
-    workspace: Mutex<Workspace>,
+    workspace: Mutex<Vec<Workspace>>,
+    /// Ranks 1.. and the communicator under tensor parallelism (`model`, `pool` and
+    /// `planner` are rank 0's).
+    tp: Option<Mutex<TpGroup>>,
     #[cfg(feature = "fault-injection")]
     pub fault_hook: Option<FaultHook>,
+}
+
+/// Logits of a forward: borrowed from rank 0's workspace, or gathered over the ranks.
+pub enum ForwardLogits<'a> {
+    View(LogitsView<'a>),
+    Owned(Logits),
+}
+
+impl ForwardLogits<'_> {
+    pub fn last_of(&self, seq: usize) -> Option<&[f32]> {
+        match self {
+            ForwardLogits::View(v) => v.last_of(seq),
+            ForwardLogits::Owned(l) => l.last_of(seq),
+        }
+    }
+    pub fn into_owned(self) -> Logits {
+        match self {
+            ForwardLogits::View(v) => v.to_owned(),
+            ForwardLogits::Owned(l) => l,
+        }
+    }
 }
 
 /// Compute units to use when the user does not say: the available parallelism.
@@ -66,24 +95,107 @@ impl Engine {
         precision: Precision,
         planner: Planner,
     ) -> Result<Self> {
+        Self::load_tp(
+            path,
+            threads,
+            precision,
+            planner,
+            1,
+            Duration::from_secs(10),
+        )
+    }
+
+    /// Loads split over `tp` tensor-parallel ranks in this process (1: no split), sharing
+    /// `threads` CPUs; a rank that stops answering fails a step within `tp_timeout`.
+    pub fn load_tp(
+        path: &Path,
+        threads: usize,
+        precision: Precision,
+        planner: Planner,
+        tp: usize,
+        tp_timeout: Duration,
+    ) -> Result<Self> {
         let t0 = Instant::now();
         let files = tessera_formats::load_model(path)?;
         let tokenizer = Arc::new(Tokenizer::from_spec(&files.tokenizer)?);
-        let model = LlamaModel::new(&files, precision)?;
+        let (model, pool, tp) = if tp <= 1 {
+            (
+                LlamaModel::new(&files, precision)?,
+                ThreadPool::new(threads),
+                None,
+            )
+        } else {
+            let (group, model0, pool0) =
+                TpGroup::new(&files, precision, &planner, tp, threads, tp_timeout)?;
+            (model0, pool0, Some(Mutex::new(group)))
+        };
+        let ranks = tp.as_ref().map_or(1, |g| g.lock().map_or(1, |g| g.size()));
         Ok(Engine {
             name: files.name.clone(),
+            config: files.config.clone(),
             weight_bytes: files.weight_bytes(),
             model,
             tokenizer,
-            pool: ThreadPool::new(threads),
+            pool,
             planner,
             precision,
             sub_batching: SubBatching::WHOLE,
             load_secs: t0.elapsed().as_secs_f64(),
-            workspace: Mutex::new(Workspace::new()),
+            workspace: Mutex::new((0..ranks).map(|_| Workspace::new()).collect()),
+            tp,
             #[cfg(feature = "fault-injection")]
             fault_hook: None,
         })
+    }
+
+    /// Tensor-parallel ranks (1 without tensor parallelism).
+    pub fn tp_size(&self) -> usize {
+        self.tp
+            .as_ref()
+            .map_or(1, |g| g.lock().unwrap_or_else(|e| e.into_inner()).size())
+    }
+
+    /// KV storage for every rank (one entry without tensor parallelism).
+    pub fn new_kv(&self, block_size: usize, num_blocks: usize) -> Result<Vec<KvStorage>> {
+        match &self.tp {
+            None => Ok(vec![self.model.new_kv_storage(block_size, num_blocks)?]),
+            Some(g) => g.lock().unwrap_or_else(|e| e.into_inner()).new_kv(
+                &self.config,
+                block_size,
+                num_blocks,
+            ),
+        }
+    }
+
+    /// One forward over every rank's KV storage and workspace (one entry each without
+    /// tensor parallelism).
+    pub fn forward_ranks<'w>(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut [KvStorage],
+        ws: &'w mut [Workspace],
+        adapters: &[Arc<LoraAdapter>],
+    ) -> Result<ForwardLogits<'w>> {
+        match &self.tp {
+            None => {
+                let (Some(kv), Some(ws)) = (kv.first_mut(), ws.first_mut()) else {
+                    return Err(tessera_core::Error::Other("no KV storage".into()));
+                };
+                let ctx = self.ctx_with(adapters);
+                let v = self.model.forward(batch, kv, ws, &ctx, self.sub_batching)?;
+                Ok(ForwardLogits::View(v))
+            }
+            Some(g) => {
+                if !adapters.is_empty() {
+                    return Err(tessera_core::Error::Other(
+                        "LoRA adapters are not supported under tensor parallelism yet".into(),
+                    ));
+                }
+                let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+                let l = g.forward(&self.model, &self.ctx(), batch, kv, ws, self.sub_batching)?;
+                Ok(ForwardLogits::Owned(l))
+            }
+        }
     }
 
     /// One forward of `batch` over `kv` with the engine's sub-batching, its logits copied out
@@ -100,36 +212,40 @@ impl Engine {
         adapters: &[Arc<LoraAdapter>],
     ) -> Result<Logits> {
         let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = self.model.forward(
-            batch,
-            kv,
-            &mut ws,
-            &self.ctx_with(adapters),
-            self.sub_batching,
-        )?;
-        Ok(logits.to_owned())
+        Ok(self
+            .forward_ranks(batch, std::slice::from_mut(kv), &mut ws, adapters)?
+            .into_owned())
+    }
+
+    /// One forward over every rank's KV storage (from [`Engine::new_kv`]), its logits copied
+    /// out (tests, numerics checks; works with and without tensor parallelism).
+    pub fn forward_kv(&self, batch: &BatchMeta, kv: &mut [KvStorage]) -> Result<Logits> {
+        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(self.forward_ranks(batch, kv, &mut ws, &[])?.into_owned())
     }
 
     /// Loads a LoRA adapter (PEFT folder or GGUF LoRA file) for this engine's model.
     pub fn load_adapter(&self, path: &Path) -> Result<Arc<LoraAdapter>> {
-        Ok(Arc::new(LoraAdapter::load(path, &self.model.config)?))
+        Ok(Arc::new(LoraAdapter::load(path, &self.config)?))
     }
 
     /// Logits at every position of `tokens` under `adapter` (or the base model), from an
     /// empty cache in one forward (numerics checks, perplexity).
     pub fn logits_all(&self, tokens: &[u32], adapter: Option<&Arc<LoraAdapter>>) -> Result<Logits> {
-        let mut kv = self
-            .model
-            .new_kv_storage(KV_BLOCK_SIZE, tokens.len().div_ceil(KV_BLOCK_SIZE).max(1))?;
+        let blocks = tokens.len().div_ceil(KV_BLOCK_SIZE).max(1);
+        let mut kv = self.new_kv(KV_BLOCK_SIZE, blocks)?;
         let mut seq = SeqChunk::new(
             tokens.to_vec(),
             0,
-            (0..kv.num_blocks() as u32).collect(),
+            (0..blocks as u32).collect(),
             LogitsFor::All,
         );
         seq.adapter = adapter.map(|_| 0);
         let table: Vec<Arc<LoraAdapter>> = adapter.into_iter().cloned().collect();
-        self.forward_with(&BatchMeta { seqs: vec![seq] }, &mut kv, &table)
+        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(self
+            .forward_ranks(&BatchMeta { seqs: vec![seq] }, &mut kv, &mut ws, &table)?
+            .into_owned())
     }
 
     /// The execution context of a base-model forward.

@@ -42,7 +42,7 @@ pub fn single_request_config(engine: &Engine, positions: usize) -> SchedulerConf
     cfg.max_num_seqs = 1;
     cfg.max_num_batched_tokens = PREFILL_CHUNK;
     cfg.max_prefill_chunk = PREFILL_CHUNK;
-    cfg.max_model_len = engine.model.config.max_position;
+    cfg.max_model_len = engine.config.max_position;
     cfg.max_waiting = 1;
     cfg.prefix_caching = false;
     cfg
@@ -54,7 +54,7 @@ pub fn generate(
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationStats> {
-    let ctx_len = engine.model.config.max_position;
+    let ctx_len = engine.config.max_position;
     let n_prompt = req.prompt_ids.len();
     if n_prompt == 0 {
         return Err(Error::Other("the prompt is empty".into()));

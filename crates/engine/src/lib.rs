@@ -12,6 +12,7 @@ pub mod sampling;
 pub mod step;
 pub mod stop;
 pub mod store;
+pub mod tp;
 pub mod tune;
 pub mod tuning;
 

@@ -36,10 +36,10 @@ pub fn perplexity(
             "--ctx {ctx} is too small (at least 4)"
         )));
     }
-    if ctx > engine.model.config.max_position {
+    if ctx > engine.config.max_position {
         return Err(Error::Config(format!(
             "--ctx {ctx} exceeds the model's context {}",
-            engine.model.config.max_position
+            engine.config.max_position
         )));
     }
     let n_chunks = tokens.len() / ctx;

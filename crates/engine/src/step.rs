@@ -55,23 +55,23 @@ pub enum Fault {
 pub struct StepEngine<'e> {
     engine: &'e Engine,
     sched: Scheduler,
-    kv: KvStorage,
-    ws: Workspace,
+    /// One KV storage and workspace per tensor-parallel rank.
+    kv: Vec<KvStorage>,
+    ws: Vec<Workspace>,
     live: HashMap<u64, LiveRequest>,
 }
 
 impl<'e> StepEngine<'e> {
     /// An engine over `engine`'s model with a KV storage of `cfg.num_blocks` blocks.
     pub fn new(engine: &'e Engine, cfg: SchedulerConfig) -> Result<Self> {
-        let kv = engine
-            .model
-            .new_kv_storage(cfg.block_size, cfg.num_blocks)?;
+        let kv = engine.new_kv(cfg.block_size, cfg.num_blocks)?;
         let sched = Scheduler::new(cfg).map_err(|e| Error::Config(format!("scheduler: {e}")))?;
+        let kv_len = kv.len();
         Ok(StepEngine {
             engine,
             sched,
             kv,
-            ws: Workspace::new(),
+            ws: (0..kv_len).map(|_| Workspace::new()).collect(),
             live: HashMap::new(),
         })
     }
@@ -230,13 +230,7 @@ impl<'e> StepEngine<'e> {
                 Some(Fault::Crash) | None => {}
             }
         }
-        let logits = engine.model.forward(
-            &batch,
-            &mut self.kv,
-            &mut self.ws,
-            &engine.ctx_with(&adapters),
-            engine.sub_batching,
-        )?;
+        let logits = engine.forward_ranks(&batch, &mut self.kv, &mut self.ws, &adapters)?;
         let mut result = StepResult::default();
         let mut events = Vec::new();
         let tok = &*engine.tokenizer;

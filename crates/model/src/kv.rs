@@ -7,6 +7,7 @@
 
 use tessera_core::{Error, Result};
 
+#[derive(Default)]
 pub struct KvStorage {
     block_size: usize,
     num_blocks: usize,

@@ -18,6 +18,7 @@ pub mod linear;
 pub mod llama;
 pub mod prepared;
 pub mod rope;
+pub mod shard;
 pub mod stages;
 pub mod workspace;
 
@@ -29,4 +30,5 @@ pub use kv::KvStorage;
 pub use linear::{DenseLinear, ExecCtx, Linear};
 pub use llama::LlamaModel;
 pub use prepared::{PreparedBatch, SubBatch};
+pub use shard::{shard_files, RankShard, TpLayout};
 pub use workspace::{StageScratch, Workspace};

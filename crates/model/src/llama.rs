@@ -32,6 +32,9 @@ pub struct LlamaModel {
     pub(crate) norm: Vec<f32>,
     pub(crate) output: Box<dyn Linear>,
     pub(crate) rope: Rope,
+    /// The vocabulary rows this model holds (all of them, or a tensor-parallel rank's share):
+    /// its embedding rows and its output head's logits.
+    pub vocab: std::ops::Range<usize>,
 }
 
 fn vector(files: &ModelFiles, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -100,15 +103,26 @@ impl LlamaModel {
     /// With `Precision::Fast`, block-quantized weights are also repacked for the
     /// integer-dot kernels (once, here).
     pub fn new(files: &ModelFiles, precision: Precision) -> Result<Self> {
+        Self::new_shard(files, precision, 0..files.config.vocab_size)
+    }
+
+    /// A model holding only the vocabulary rows `vocab` of its embedding and output head
+    /// (a tensor-parallel rank's files, see [`crate::shard`]).
+    pub fn new_shard(
+        files: &ModelFiles,
+        precision: Precision,
+        vocab: std::ops::Range<usize>,
+    ) -> Result<Self> {
         let rp = precision == Precision::Fast;
         let c = files.config.clone();
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let nv = vocab.len();
         let embed = files.tensor("token_embd.weight")?.clone();
-        if embed.shape != [c.vocab_size, h] {
+        if embed.shape != [nv, h] || vocab.end > c.vocab_size {
             return Err(Error::ShapeMismatch {
                 name: embed.name.clone(),
                 got: embed.shape.clone(),
-                expected: vec![c.vocab_size, h],
+                expected: vec![nv, h],
             });
         }
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -131,9 +145,9 @@ impl LlamaModel {
         }
         let output: Box<dyn Linear> =
             if files.tensors.contains_key("output.weight") && !c.tie_embeddings {
-                linear(files, "output", c.vocab_size, h, rp)?
+                linear(files, "output", nv, h, rp)?
             } else {
-                Box::new(DenseLinear::new(embed.clone(), None, c.vocab_size, h, rp)?)
+                Box::new(DenseLinear::new(embed.clone(), None, nv, h, rp)?)
             };
         Ok(LlamaModel {
             rope: Rope::new(&c),
@@ -142,6 +156,7 @@ impl LlamaModel {
             embed,
             layers,
             output,
+            vocab,
         })
     }
 

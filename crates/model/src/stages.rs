@@ -31,6 +31,22 @@ impl LlamaModel {
         ctx: &ExecCtx,
         split: SubBatching,
     ) -> Result<LogitsView<'w>> {
+        self.forward_reduced(batch, kv, ws, ctx, split, &mut |_| Ok(()))
+    }
+
+    /// [`LlamaModel::forward`] for one rank of a tensor-parallel group: `reduce` sums a
+    /// buffer over the ranks (in place) and is called on the embedding rows and on every
+    /// stage's output for each sub-batch, before the residual add. The logits are this
+    /// rank's vocabulary rows.
+    pub fn forward_reduced<'w>(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut KvStorage,
+        ws: &'w mut Workspace,
+        ctx: &ExecCtx,
+        split: SubBatching,
+        reduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<LogitsView<'w>> {
         self.prepare(batch, kv, ws, ctx.adapters.len())?;
         let m = ws.batch.num_rows();
         let h = self.config.hidden_size;
@@ -38,6 +54,9 @@ impl LlamaModel {
             return Ok(self.logits_view(ws, 0));
         }
         self.embed_stage(ctx, &ws.batch.tokens, take(&mut ws.x, m * h));
+        if self.vocab.len() != self.config.vocab_size {
+            reduce(&mut ws.x[..m * h])?;
+        }
         take(&mut ws.delta, m * h);
         let subs = ws.batch.sub_batches(split);
         for layer in 0..self.layers.len() {
@@ -45,12 +64,14 @@ impl LlamaModel {
                 let rows = sb.rows.start * h..sb.rows.end * h;
                 let out = &mut ws.delta[rows.clone()];
                 self.attention_stage(layer, &ws.batch, sb, &ws.x, kv, &mut ws.scratch, ctx, out)?;
+                reduce(out)?;
                 ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
             }
             for sb in &subs {
                 let rows = sb.rows.start * h..sb.rows.end * h;
                 let out = &mut ws.delta[rows.clone()];
                 self.mlp_stage(layer, sb, &ws.x, &mut ws.scratch, ctx, out)?;
+                reduce(out)?;
                 ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
             }
         }
@@ -80,8 +101,10 @@ impl LlamaModel {
             .prepare(batch, kv, c.max_position, c.vocab_size, adapters)
     }
 
-    /// Embedding rows of `tokens` into `x`.
+    /// Embedding rows of `tokens` into `x` (zeros for tokens outside this model's vocabulary
+    /// rows, which other ranks hold).
     pub fn embed_stage(&self, ctx: &ExecCtx, tokens: &[u32], x: &mut [f32]) {
+        let vocab = self.vocab.clone();
         let h = self.config.hidden_size;
         let (m, units) = (tokens.len(), ctx.pool.units());
         let xp = DisjointMut::new(x);
@@ -89,8 +112,13 @@ impl LlamaModel {
         // the other units' rows.
         ctx.pool.run(|u| {
             for t in split_range(m, units, u) {
-                self.embed
-                    .dequantize_row(tokens[t] as usize, unsafe { xp.slice(t * h, h) });
+                let row = unsafe { xp.slice(t * h, h) };
+                let id = tokens[t] as usize;
+                if vocab.contains(&id) {
+                    self.embed.dequantize_row(id - vocab.start, row);
+                } else {
+                    row.fill(0.0);
+                }
             }
         });
     }
@@ -216,7 +244,7 @@ impl LlamaModel {
         }
         let head_in = take(&mut ws.head_in, r * h);
         rms_rows(ctx, picked, &self.norm, c.rms_eps, h, head_in);
-        let logits = take(&mut ws.logits, r * c.vocab_size);
+        let logits = take(&mut ws.logits, r * self.vocab.len());
         let base = [RowSegment {
             rows: 0..r,
             adapter: None,
@@ -226,7 +254,7 @@ impl LlamaModel {
     }
 
     fn logits_view<'w>(&self, ws: &'w Workspace, r: usize) -> LogitsView<'w> {
-        let vocab = self.config.vocab_size;
+        let vocab = self.vocab.len();
         LogitsView {
             vocab,
             data: ws.logits.get(..r * vocab).unwrap_or(&[]),

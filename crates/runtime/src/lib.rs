@@ -7,7 +7,7 @@
 
 mod pool;
 
-pub use pool::ThreadPool;
+pub use pool::{allowed_cpus, pin_current_thread, ThreadPool};
 
 /// The `unit`-th of `units` contiguous, near-equal parts of `0..n` (the first `n % units`
 /// parts are one longer).

@@ -56,6 +56,19 @@ impl ThreadPool {
         let pin_targets = allowed_cpus().filter(|c| {
             c.len() >= units && units > 1 && std::env::var("TESSERA_PIN").as_deref() != Ok("0")
         });
+        Self::build(units, pin_targets)
+    }
+
+    /// A pool of `cpus.len()` units for a rank that owns those CPUs: worker `u` is pinned to
+    /// `cpus[u]`, and the calling thread should pin itself to `cpus[0]` ([`pin_current_thread`]).
+    /// `TESSERA_PIN=0` disables pinning.
+    pub fn on_cpus(cpus: &[usize]) -> Self {
+        let pin = (std::env::var("TESSERA_PIN").as_deref() != Ok("0") && !cpus.is_empty())
+            .then(|| cpus.to_vec());
+        Self::build(cpus.len().max(1), pin)
+    }
+
+    fn build(units: usize, pin_targets: Option<Vec<usize>>) -> Self {
         let shared = Arc::new(Shared {
             generation: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -139,7 +152,7 @@ impl ThreadPool {
 
 /// CPUs this process may run on.
 #[cfg(target_os = "linux")]
-fn allowed_cpus() -> Option<Vec<usize>> {
+pub fn allowed_cpus() -> Option<Vec<usize>> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -155,12 +168,13 @@ fn allowed_cpus() -> Option<Vec<usize>> {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn allowed_cpus() -> Option<Vec<usize>> {
+pub fn allowed_cpus() -> Option<Vec<usize>> {
     None
 }
 
+/// Pins the calling thread to `cpu` (Linux; elsewhere nothing).
 #[cfg(target_os = "linux")]
-fn pin_current_thread(cpu: usize) {
+pub fn pin_current_thread(cpu: usize) {
     // SAFETY: as above; failure to pin is harmless (the OS keeps scheduling the thread).
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -170,7 +184,7 @@ fn pin_current_thread(cpu: usize) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn pin_current_thread(_cpu: usize) {}
+pub fn pin_current_thread(_cpu: usize) {}
 
 fn worker_loop(shared: &Shared, unit: usize) {
     IN_JOB.with(|c| c.set(true));

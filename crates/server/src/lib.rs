@@ -30,7 +30,7 @@ pub struct ServeOptions {
 pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> {
     let tokenizer = engine.tokenizer.clone();
     let adapters = Arc::new(adapters::AdapterRegistry::new(
-        engine.model.config.clone(),
+        engine.config.clone(),
         &opts.model_name,
         opts.max_loras,
     ));

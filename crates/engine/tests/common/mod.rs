@@ -16,10 +16,7 @@ fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<
         .max()
         .unwrap_or(1);
     let n = prompts.len();
-    let mut kv = e
-        .model
-        .new_kv_storage(KV_BLOCK_SIZE, blocks_per_seq * n)
-        .unwrap();
+    let mut kv = e.new_kv(KV_BLOCK_SIZE, blocks_per_seq * n).unwrap();
     // Interleaved block tables: sequence i holds blocks i, i + n, i + 2n, ...
     let table =
         |i: usize| -> Vec<u32> { (0..blocks_per_seq).map(|b| (b * n + i) as u32).collect() };
@@ -39,7 +36,7 @@ fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<
             })
             .collect(),
     };
-    let l1 = e.forward(&first, &mut kv).unwrap();
+    let l1 = e.forward_kv(&first, &mut kv).unwrap();
     let second = BatchMeta {
         seqs: prompts
             .iter()
@@ -53,7 +50,7 @@ fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<
             })
             .collect(),
     };
-    let l2 = e.forward(&second, &mut kv).unwrap();
+    let l2 = e.forward_kv(&second, &mut kv).unwrap();
     e.sub_batching = SubBatching::WHOLE;
     vec![l1.data, l2.data]
 }

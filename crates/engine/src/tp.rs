@@ -1,0 +1,378 @@
+//! Tensor parallelism in one process: R ranks, each a thread with its own compute units (a
+//! disjoint set of the machine's CPUs), its own shard of every split weight and its own
+//! heads' KV cache, joined by an in-process [`Communicator`].
+//!
+//! Rank 0 runs on the caller's thread (the step engine's); ranks 1.. are follower threads.
+//! Each step the batch goes to every follower with its KV storage and workspace (moved in and
+//! back, so the step engine still owns them); every rank runs the same staged forward with an
+//! all-reduce after the embedding and after each stage of each sub-batch, then the ranks'
+//! vocabulary slices of the logits are gathered. A rank that dies or stalls makes the others
+//! fail within the communicator's timeout, with an error naming it; the group then refuses
+//! further steps.
+
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tessera_core::{Error, Result};
+use tessera_formats::ModelFiles;
+use tessera_kernels::plan::Precision;
+use tessera_kernels::planner::Planner;
+use tessera_model::{
+    shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, SubBatching, TpLayout,
+    Workspace,
+};
+use tessera_parallel::local::{self, LocalComm};
+use tessera_parallel::{CommError, Communicator};
+use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
+
+/// One rank's means: its shard, compute units, planner and communicator.
+struct Rank {
+    model: LlamaModel,
+    pool: ThreadPool,
+    planner: Planner,
+    precision: Precision,
+    comm: LocalComm,
+}
+
+struct Job {
+    batch: Arc<BatchMeta>,
+    kv: KvStorage,
+    ws: Workspace,
+    split: SubBatching,
+}
+
+struct Done {
+    kv: KvStorage,
+    ws: Workspace,
+    result: Result<()>,
+}
+
+struct Follower {
+    jobs: Sender<Job>,
+    done: Receiver<Done>,
+    handle: Option<JoinHandle<()>>,
+}
+
+pub struct TpGroup {
+    layout: TpLayout,
+    /// Rank 0's communicator (its model, units and planner are the engine's).
+    comm0: LocalComm,
+    followers: Vec<Follower>,
+    timeout: Duration,
+    /// Why the group stopped, once a rank failed.
+    broken: Option<String>,
+}
+
+fn comm_err(e: CommError) -> Error {
+    Error::Other(format!("tensor parallelism: {e}"))
+}
+
+/// One rank's forward of `batch` and its share of the logits gather: the whole vocabulary's
+/// logits on every rank.
+#[allow(clippy::too_many_arguments)]
+fn rank_forward(
+    model: &LlamaModel,
+    ctx: &ExecCtx,
+    comm: &mut LocalComm,
+    batch: &BatchMeta,
+    kv: &mut KvStorage,
+    ws: &mut Workspace,
+    split: SubBatching,
+    layout: &TpLayout,
+) -> Result<Logits> {
+    let local = model.forward_reduced(batch, kv, ws, ctx, split, &mut |buf| {
+        comm.all_reduce_sum(buf).map_err(comm_err)
+    })?;
+    let rows = local.rows.len();
+    let vocab = model.config.vocab_size;
+    let counts: Vec<usize> = layout.ranks.iter().map(|r| rows * r.vocab.len()).collect();
+    let mut gathered = vec![0f32; rows * vocab];
+    comm.all_gather(local.data, &counts, &mut gathered)
+        .map_err(comm_err)?;
+    {
+        // Rank-major blocks of `rows × |vocab_r|` into row-major logits.
+        let mut data = vec![0f32; rows * vocab];
+        let mut at = 0;
+        for r in &layout.ranks {
+            let w = r.vocab.len();
+            for i in 0..rows {
+                data[i * vocab + r.vocab.start..i * vocab + r.vocab.end]
+                    .copy_from_slice(&gathered[at + i * w..at + (i + 1) * w]);
+            }
+            at += rows * w;
+        }
+        Ok(Logits {
+            vocab,
+            data,
+            rows: local.rows.to_vec(),
+        })
+    }
+}
+
+impl Rank {
+    fn forward(
+        &mut self,
+        batch: &BatchMeta,
+        kv: &mut KvStorage,
+        ws: &mut Workspace,
+        split: SubBatching,
+        layout: &TpLayout,
+    ) -> Result<Logits> {
+        let ctx = ExecCtx {
+            pool: &self.pool,
+            planner: &self.planner,
+            precision: self.precision,
+            adapters: &[],
+        };
+        rank_forward(
+            &self.model,
+            &ctx,
+            &mut self.comm,
+            batch,
+            kv,
+            ws,
+            split,
+            layout,
+        )
+    }
+}
+
+impl TpGroup {
+    /// Splits `files` over `size` ranks sharing `threads` CPUs; collectives time out after
+    /// `timeout`. Returns the group with rank 0's shard and compute units, which the caller
+    /// (the engine) runs rank 0 with, on the calling thread (pinned to rank 0's first CPU).
+    pub fn new(
+        files: &ModelFiles,
+        precision: Precision,
+        planner: &Planner,
+        size: usize,
+        threads: usize,
+        timeout: Duration,
+    ) -> Result<(Self, LlamaModel, ThreadPool)> {
+        let layout = TpLayout::new(&files.config, size)?;
+        let per_rank = (threads / size).max(1);
+        let cpus = allowed_cpus().unwrap_or_default();
+        let cpus_of = |r: usize| -> Vec<usize> {
+            if cpus.len() >= size * per_rank {
+                cpus[r * per_rank..(r + 1) * per_rank].to_vec()
+            } else {
+                Vec::new()
+            }
+        };
+        if cpus.len() < size * per_rank {
+            tracing::warn!(
+                "{size} ranks of {per_rank} units need {} CPUs, {} are available: ranks share CPUs",
+                size * per_rank,
+                cpus.len()
+            );
+        }
+        let mut comms = local::group(size, timeout);
+        let mut ranks = Vec::with_capacity(size);
+        for (r, comm) in comms.drain(..).enumerate() {
+            let shard = shard_files(files, &layout, r)?;
+            let rank_cpus = cpus_of(r);
+            let pool = if rank_cpus.is_empty() {
+                ThreadPool::new(per_rank)
+            } else {
+                ThreadPool::on_cpus(&rank_cpus)
+            };
+            ranks.push((
+                Rank {
+                    model: LlamaModel::new_shard(&shard, precision, layout.ranks[r].vocab.clone())?,
+                    pool,
+                    planner: Planner::new(planner.profile.clone(), planner.cache.clone()),
+                    precision,
+                    comm,
+                },
+                rank_cpus,
+            ));
+        }
+        let mut ranks = ranks.into_iter();
+        let (rank0, cpus0) = ranks.next().expect("size >= 1");
+        let Rank {
+            model: model0,
+            pool: pool0,
+            comm: comm0,
+            ..
+        } = rank0;
+        if let Some(&c) = cpus0.first() {
+            pin_current_thread(c);
+        }
+        let mut followers = Vec::new();
+        for (i, (mut rank, rank_cpus)) in ranks.enumerate() {
+            let (jobs, job_rx) = channel::<Job>();
+            let (done_tx, done) = channel::<Done>();
+            let layout = layout.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("tessera-rank-{}", i + 1))
+                .spawn(move || {
+                    if let Some(&c) = rank_cpus.first() {
+                        pin_current_thread(c);
+                    }
+                    while let Ok(mut job) = job_rx.recv() {
+                        let result = rank
+                            .forward(&job.batch, &mut job.kv, &mut job.ws, job.split, &layout)
+                            .map(|_| ());
+                        if done_tx
+                            .send(Done {
+                                kv: job.kv,
+                                ws: job.ws,
+                                result,
+                            })
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                })
+                .map_err(|e| Error::Other(format!("starting a rank thread: {e}")))?;
+            followers.push(Follower {
+                jobs,
+                done,
+                handle: Some(handle),
+            });
+        }
+        Ok((
+            TpGroup {
+                layout,
+                comm0,
+                followers,
+                timeout,
+                broken: None,
+            },
+            model0,
+            pool0,
+        ))
+    }
+
+    pub fn size(&self) -> usize {
+        self.layout.size()
+    }
+    pub fn layout(&self) -> &TpLayout {
+        &self.layout
+    }
+    /// One KV storage per rank, each for that rank's KV heads, for a model of `c`.
+    pub fn new_kv(
+        &self,
+        c: &tessera_formats::ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+    ) -> Result<Vec<KvStorage>> {
+        self.layout
+            .ranks
+            .iter()
+            .map(|r| {
+                KvStorage::new(
+                    c.n_layers,
+                    r.kv_heads.len() * c.head_dim,
+                    block_size,
+                    num_blocks,
+                )
+            })
+            .collect()
+    }
+
+    /// One step over every rank, rank 0 being `model0` on `ctx0`; `kv` and `ws` hold one
+    /// entry per rank.
+    pub fn forward(
+        &mut self,
+        model0: &LlamaModel,
+        ctx0: &ExecCtx,
+        batch: &BatchMeta,
+        kv: &mut [KvStorage],
+        ws: &mut [Workspace],
+        split: SubBatching,
+    ) -> Result<Logits> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Other(format!(
+                "tensor parallelism has stopped: {why}"
+            )));
+        }
+        let n = self.size();
+        if kv.len() != n || ws.len() != n {
+            return Err(Error::Other(format!(
+                "{n} ranks need {n} KV storages and workspaces, got {} and {}",
+                kv.len(),
+                ws.len()
+            )));
+        }
+        let batch = Arc::new(batch.clone());
+        for (i, f) in self.followers.iter().enumerate() {
+            let job = Job {
+                batch: batch.clone(),
+                kv: std::mem::take(&mut kv[i + 1]),
+                ws: std::mem::take(&mut ws[i + 1]),
+                split,
+            };
+            if f.jobs.send(job).is_err() {
+                return Err(self.fail(format!("rank {} has stopped", i + 1)));
+            }
+        }
+        let mine = rank_forward(
+            model0,
+            ctx0,
+            &mut self.comm0,
+            &batch,
+            &mut kv[0],
+            &mut ws[0],
+            split,
+            &self.layout,
+        );
+        let mut first_err: Option<String> = None;
+        for (i, f) in self.followers.iter().enumerate() {
+            // Bounded: a follower's collectives time out too, so it answers within about
+            // twice the timeout unless its thread is gone.
+            match f
+                .done
+                .recv_timeout(self.timeout * 2 + Duration::from_secs(1))
+            {
+                Ok(d) => {
+                    kv[i + 1] = d.kv;
+                    ws[i + 1] = d.ws;
+                    if let (Err(e), None) = (d.result, &first_err) {
+                        first_err = Some(format!("rank {}: {e}", i + 1));
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let why = format!("rank {} did not finish the step in time", i + 1);
+                    return Err(self.fail(why));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let why = format!("rank {} has died", i + 1);
+                    return Err(self.fail(why));
+                }
+            }
+        }
+        // A communication failure breaks the group; anything else (a sequence that does not
+        // validate, the same on every rank) is the step's.
+        let comm_failure = |e: &str| e.contains("tensor parallelism:");
+        match (mine, first_err) {
+            (Ok(l), None) => Ok(l),
+            (Err(e), _) if comm_failure(&e.to_string()) => Err(self.fail(e.to_string())),
+            (_, Some(e)) if comm_failure(&e) => Err(self.fail(e)),
+            (Err(e), _) => Err(e),
+            (Ok(_), Some(e)) => Err(Error::Other(e)),
+        }
+    }
+
+    fn fail(&mut self, why: String) -> Error {
+        tracing::error!("tensor parallelism stopped: {why}");
+        self.broken = Some(why.clone());
+        Error::Other(format!("tensor parallelism: {why}"))
+    }
+}
+
+impl Drop for TpGroup {
+    fn drop(&mut self) {
+        for f in &mut self.followers {
+            // Closing the job channel ends the follower's loop.
+            let (tx, _) = channel();
+            drop(std::mem::replace(&mut f.jobs, tx));
+            if let Some(h) = f.handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! Tensor-parallel sharding of a model's files over R ranks, as plain data.
+//!
+//! Heads are split by KV-head group (unevenly where R does not divide the groups: 3 groups on
+//! 2 ranks give 2 + 1); where R exceeds the groups, KV heads are replicated and a group's
+//! query heads split among the ranks sharing it. q/k/v and gate/up are column-parallel (each
+//! rank holds the output rows of its heads or of its slice of the MLP), o and down are
+//! row-parallel (each rank holds the input columns of its heads or slice, on block
+//! boundaries, and produces a partial sum for the all-reduce), and the embedding and output
+//! head are split by vocabulary. Quantized blocks stay quantized; norms are replicated.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use tessera_core::{Error, Result, WeightTensor};
+use tessera_formats::ModelFiles;
+use tessera_runtime::{split_range, split_range_aligned};
+
+/// What one rank holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankShard {
+    pub q_heads: Range<usize>,
+    pub kv_heads: Range<usize>,
+    /// Columns of the MLP's intermediate dimension.
+    pub ff: Range<usize>,
+    /// Rows of the vocabulary (embedding and output head).
+    pub vocab: Range<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpLayout {
+    pub ranks: Vec<RankShard>,
+}
+
+/// The MLP is split on multiples of this (the block length of every quantized format).
+const FF_ALIGN: usize = 32;
+
+impl TpLayout {
+    /// The layout of `cfg` over `size` ranks, or why it cannot be split that way.
+    pub fn new(cfg: &tessera_formats::ModelConfig, size: usize) -> Result<Self> {
+        let (nh, g) = (cfg.n_heads, cfg.n_kv_heads);
+        let gs = nh / g.max(1);
+        if size == 0 || size > nh {
+            return Err(Error::Config(format!(
+                "tensor parallelism over {size} ranks: the model has {nh} attention heads"
+            )));
+        }
+        if cfg.intermediate_size / FF_ALIGN < size {
+            return Err(Error::Config(format!(
+                "tensor parallelism over {size} ranks: the MLP width {} has too few blocks",
+                cfg.intermediate_size
+            )));
+        }
+        let mut ranks = Vec::with_capacity(size);
+        for r in 0..size {
+            let (q_heads, kv_heads) = if size <= g {
+                let kv = split_range(g, size, r);
+                (kv.start * gs..kv.end * gs, kv)
+            } else {
+                // Ranks per group: split_range(size, g, group); find this rank's group.
+                let group = (0..g)
+                    .find(|&grp| split_range(size, g, grp).contains(&r))
+                    .expect("every rank falls in a group");
+                let ranks_of = split_range(size, g, group);
+                let q = split_range(gs, ranks_of.len(), r - ranks_of.start);
+                if q.is_empty() {
+                    return Err(Error::Config(format!(
+                        "tensor parallelism over {size} ranks: a KV group has only {gs} query heads"
+                    )));
+                }
+                (group * gs + q.start..group * gs + q.end, group..group + 1)
+            };
+            ranks.push(RankShard {
+                q_heads,
+                kv_heads,
+                ff: split_range_aligned(cfg.intermediate_size, size, r, FF_ALIGN),
+                vocab: split_range(cfg.vocab_size, size, r),
+            });
+        }
+        Ok(TpLayout { ranks })
+    }
+
+    pub fn size(&self) -> usize {
+        self.ranks.len()
+    }
+}
+
+fn rows(t: &WeightTensor, r: Range<usize>) -> Result<WeightTensor> {
+    t.slice_rows(r)
+}
+
+/// Rank `rank`'s files: every split tensor sliced, the configuration's head counts and MLP
+/// width made the rank's (the vocabulary size stays the model's).
+pub fn shard_files(files: &ModelFiles, layout: &TpLayout, rank: usize) -> Result<ModelFiles> {
+    let s = layout
+        .ranks
+        .get(rank)
+        .ok_or_else(|| Error::Config(format!("rank {rank} outside the layout")))?;
+    let c = &files.config;
+    let hd = c.head_dim;
+    let q = s.q_heads.start * hd..s.q_heads.end * hd;
+    let kv = s.kv_heads.start * hd..s.kv_heads.end * hd;
+    let mut tensors: HashMap<String, WeightTensor> = HashMap::with_capacity(files.tensors.len());
+    for (name, t) in &files.tensors {
+        let (stem, suffix) = name.rsplit_once('.').unwrap_or((name, ""));
+        let proj = stem.rsplit_once('.').map_or(stem, |x| x.1);
+        let sliced = match (proj, suffix) {
+            ("attn_q", "weight") => rows(t, q.clone())?,
+            ("attn_q", "bias") => bias(t, q.clone())?,
+            ("attn_k" | "attn_v", "weight") => rows(t, kv.clone())?,
+            ("attn_k" | "attn_v", "bias") => bias(t, kv.clone())?,
+            ("attn_output", "weight") => t.slice_cols(q.clone())?,
+            ("ffn_gate" | "ffn_up", "weight") => rows(t, s.ff.clone())?,
+            ("ffn_down", "weight") => t.slice_cols(s.ff.clone())?,
+            // A row-parallel product's bias is added once, by rank 0.
+            ("attn_output" | "ffn_down", "bias") if rank > 0 => continue,
+            ("token_embd" | "output", "weight") => rows(t, s.vocab.clone())?,
+            _ => t.clone(),
+        };
+        tensors.insert(name.clone(), sliced);
+    }
+    let mut config = c.clone();
+    config.n_heads = s.q_heads.len();
+    config.n_kv_heads = s.kv_heads.len();
+    config.intermediate_size = s.ff.len();
+    Ok(ModelFiles {
+        name: files.name.clone(),
+        config,
+        tensors,
+        tokenizer: files.tokenizer.clone(),
+    })
+}
+
+fn bias(t: &WeightTensor, r: Range<usize>) -> Result<WeightTensor> {
+    let v = t.to_f32_vec();
+    let part = v
+        .get(r.clone())
+        .ok_or_else(|| Error::Other(format!("bias {} has no elements {r:?}", t.name)))?;
+    Ok(WeightTensor::from_f32(
+        t.name.clone(),
+        vec![part.len()],
+        part,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(nh: usize, nkv: usize) -> tessera_formats::ModelConfig {
+        tessera_formats::ModelConfig {
+            arch: tessera_formats::Arch::Llama,
+            vocab_size: 1000,
+            hidden_size: nh * 64,
+            intermediate_size: 1536,
+            n_layers: 1,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: 64,
+            rms_eps: 1e-5,
+            rope_theta: 1e4,
+            rope_dim: 64,
+            rope_style: tessera_formats::RopeStyle::Interleaved,
+            rope_scaling: tessera_formats::RopeScaling::None,
+            max_position: 128,
+            tie_embeddings: true,
+        }
+    }
+
+    #[test]
+    fn heads_split_by_kv_group_unevenly_and_replicate_beyond_the_groups() {
+        let l = TpLayout::new(&cfg(9, 3), 2).unwrap();
+        assert_eq!(l.ranks[0].kv_heads, 0..2);
+        assert_eq!(l.ranks[0].q_heads, 0..6);
+        assert_eq!(l.ranks[1].kv_heads, 2..3);
+        assert_eq!(l.ranks[1].q_heads, 6..9);
+        let l = TpLayout::new(&cfg(9, 3), 4).unwrap();
+        let kv: Vec<_> = l.ranks.iter().map(|r| r.kv_heads.clone()).collect();
+        assert_eq!(kv, vec![0..1, 0..1, 1..2, 2..3]);
+        let q: Vec<_> = l.ranks.iter().map(|r| r.q_heads.clone()).collect();
+        assert_eq!(q, vec![0..2, 2..3, 3..6, 6..9]);
+        for size in 1..=9 {
+            let l = TpLayout::new(&cfg(9, 3), size).unwrap();
+            let heads: usize = l.ranks.iter().map(|r| r.q_heads.len()).sum();
+            assert_eq!(heads, 9, "size {size}");
+            let ff: usize = l.ranks.iter().map(|r| r.ff.len()).sum();
+            assert_eq!(ff, 1536);
+            assert!(l.ranks.iter().all(|r| r.ff.start % FF_ALIGN == 0));
+            let v: usize = l.ranks.iter().map(|r| r.vocab.len()).sum();
+            assert_eq!(v, 1000);
+        }
+        assert!(TpLayout::new(&cfg(9, 3), 10).is_err());
+    }
+}

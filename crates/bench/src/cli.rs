@@ -12,6 +12,7 @@ use tessera_kernels::plan::Precision;
 
 use crate::gemm::{parse_dtypes, parse_families, run_gemm, GemmConfig};
 use crate::model::{run_model, ModelConfig};
+use crate::serve::adapters::parse_adapters;
 use crate::serve::{parse_range, run_serve, Endpoint, Load, OutputLen, ServeConfig};
 use crate::stats::Repeat;
 
@@ -112,8 +113,13 @@ pub enum BenchCommand {
         #[arg(long)]
         url: String,
         /// Model name to send (default: the first id of GET /v1/models, else none).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "adapters")]
         model: Option<String>,
+        /// Model names requests take in turn, comma-separated: a server's LoRA adapters
+        /// and/or the base model's name. The report adds requests, output tokens/s and
+        /// TTFT/TPOT percentiles per name.
+        #[arg(long, value_delimiter = ',', value_name = "NAME,NAME,...")]
+        adapters: Option<Vec<String>>,
         /// Bearer key for the server.
         #[arg(long)]
         api_key: Option<String>,
@@ -261,7 +267,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             json,
             plot,
             seed,
+            adapters,
         } => {
+            let adapters = adapters.as_deref().map(parse_adapters).transpose()?;
             if concurrency == Some(0) {
                 anyhow::bail!("--concurrency must be positive");
             }
@@ -317,6 +325,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 json,
                 plot,
                 seed,
+                adapters,
             })
         }
     }
@@ -462,5 +471,35 @@ mod tests {
             "4"
         ])
         .is_ok());
+    }
+
+    #[test]
+    fn serve_adapters() {
+        let c = Cli::parse_from(["x", "serve", "--url", "u"]);
+        match c.cmd {
+            BenchCommand::Serve { adapters, .. } => assert_eq!(adapters, None),
+            _ => panic!("not serve"),
+        }
+        let c = Cli::parse_from(["x", "serve", "--url", "u", "--adapters", "base,a0,a1"]);
+        match c.cmd {
+            BenchCommand::Serve { adapters, .. } => {
+                assert_eq!(
+                    adapters,
+                    Some(vec!["base".into(), "a0".into(), "a1".into()])
+                )
+            }
+            _ => panic!("not serve"),
+        }
+        assert!(Cli::try_parse_from([
+            "x",
+            "serve",
+            "--url",
+            "u",
+            "--adapters",
+            "a0",
+            "--model",
+            "m"
+        ])
+        .is_err());
     }
 }

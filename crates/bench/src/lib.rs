@@ -7,7 +7,8 @@
 //!   throughput and DRAM bandwidth.
 //! - `model`: llama-bench-style prompt processing and generation throughput of a model.
 //! - `serve`: a load generator for OpenAI-compatible servers (TTFT, TPOT, throughput,
-//!   goodput), with concurrency sweeps.
+//!   goodput), with concurrency sweeps and requests spread over LoRA adapters
+//!   (`--adapters`, figures per adapter).
 //!
 //! [`cli`] holds the argument definitions and the entry point; the pure helpers (medians,
 //! geometric means, the best-fixed-strategy choice) live in [`stats`].

@@ -155,6 +155,31 @@ impl Engine {
             .map_or(1, |g| g.lock().unwrap_or_else(|e| e.into_inner()).size())
     }
 
+    /// Why tensor parallelism stopped (a rank died or stalled), if it did.
+    pub fn tp_failure(&self) -> Option<String> {
+        let g = self.tp.as_ref()?;
+        let g = g.lock().unwrap_or_else(|e| e.into_inner());
+        g.failure().map(String::from)
+    }
+
+    /// Seconds rank 0 spent in collectives since the last call (0 without tensor
+    /// parallelism).
+    pub fn take_comm_secs(&self) -> f64 {
+        self.tp.as_ref().map_or(0.0, |g| {
+            g.lock().unwrap_or_else(|e| e.into_inner()).take_comm_secs()
+        })
+    }
+
+    /// Test-only: makes tensor-parallel rank `rank` (1..) stall or die.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject_rank_fault(&self, rank: usize, fault: crate::tp::RankFault) -> bool {
+        self.tp.as_ref().is_some_and(|g| {
+            g.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .inject(rank, fault)
+        })
+    }
+
     /// KV storage for every rank (one entry without tensor parallelism).
     pub fn new_kv(&self, block_size: usize, num_blocks: usize) -> Result<Vec<KvStorage>> {
         match &self.tp {

@@ -50,6 +50,10 @@ pub enum Fault {
     Error,
     /// The step panics outside its fault isolation, ending the thread that runs it.
     Crash,
+    /// Tensor-parallel rank N dies before the step.
+    KillRank(usize),
+    /// Tensor-parallel rank N stops answering for this long before the step.
+    StallRank(usize, std::time::Duration),
 }
 
 pub struct StepEngine<'e> {
@@ -226,6 +230,13 @@ impl<'e> StepEngine<'e> {
                         "injected fault in step {}",
                         plan.step
                     )))
+                }
+                Some(Fault::KillRank(r)) => {
+                    engine.inject_rank_fault(r, crate::tp::RankFault::Die);
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Some(Fault::StallRank(r, d)) => {
+                    engine.inject_rank_fault(r, crate::tp::RankFault::Stall(d));
                 }
                 Some(Fault::Crash) | None => {}
             }

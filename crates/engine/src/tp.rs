@@ -27,6 +27,44 @@ use tessera_parallel::local::{self, LocalComm};
 use tessera_parallel::{CommError, Communicator};
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
+/// A communicator that adds up the time spent in its collectives.
+struct TimedComm<'a> {
+    comm: &'a mut LocalComm,
+    secs: f64,
+}
+
+impl Communicator for TimedComm<'_> {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), CommError> {
+        let t = std::time::Instant::now();
+        let r = self.comm.all_reduce_sum(buf);
+        self.secs += t.elapsed().as_secs_f64();
+        r
+    }
+    fn all_gather(
+        &mut self,
+        mine: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CommError> {
+        let t = std::time::Instant::now();
+        let r = self.comm.all_gather(mine, counts, out);
+        self.secs += t.elapsed().as_secs_f64();
+        r
+    }
+    fn broadcast(&mut self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError> {
+        self.comm.broadcast(root, buf)
+    }
+    fn barrier(&mut self) -> Result<(), CommError> {
+        self.comm.barrier()
+    }
+}
+
 /// One rank's means: its shard, compute units, planner and communicator.
 struct Rank {
     model: LlamaModel,
@@ -34,6 +72,24 @@ struct Rank {
     planner: Planner,
     precision: Precision,
     comm: LocalComm,
+}
+
+/// What a follower is told to do.
+enum Order {
+    Step(Job),
+    /// Test-only: stop answering for a while, or die.
+    #[cfg(feature = "fault-injection")]
+    Fault(RankFault),
+}
+
+/// A test-only fault of a follower rank (cargo feature `fault-injection`).
+#[cfg(feature = "fault-injection")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankFault {
+    /// The rank sleeps this long before its next step.
+    Stall(Duration),
+    /// The rank's thread panics.
+    Die,
 }
 
 struct Job {
@@ -50,7 +106,7 @@ struct Done {
 }
 
 struct Follower {
-    jobs: Sender<Job>,
+    jobs: Sender<Order>,
     done: Receiver<Done>,
     handle: Option<JoinHandle<()>>,
 }
@@ -63,6 +119,8 @@ pub struct TpGroup {
     timeout: Duration,
     /// Why the group stopped, once a rank failed.
     broken: Option<String>,
+    /// Seconds rank 0 spent in collectives since the last [`TpGroup::take_comm_secs`].
+    comm_secs: f64,
 }
 
 fn comm_err(e: CommError) -> Error {
@@ -75,7 +133,7 @@ fn comm_err(e: CommError) -> Error {
 fn rank_forward(
     model: &LlamaModel,
     ctx: &ExecCtx,
-    comm: &mut LocalComm,
+    comm: &mut dyn Communicator,
     batch: &BatchMeta,
     kv: &mut KvStorage,
     ws: &mut Workspace,
@@ -202,7 +260,7 @@ impl TpGroup {
         }
         let mut followers = Vec::new();
         for (i, (mut rank, rank_cpus)) in ranks.enumerate() {
-            let (jobs, job_rx) = channel::<Job>();
+            let (jobs, job_rx) = channel::<Order>();
             let (done_tx, done) = channel::<Done>();
             let layout = layout.clone();
             let handle = std::thread::Builder::new()
@@ -211,7 +269,17 @@ impl TpGroup {
                     if let Some(&c) = rank_cpus.first() {
                         pin_current_thread(c);
                     }
-                    while let Ok(mut job) = job_rx.recv() {
+                    while let Ok(order) = job_rx.recv() {
+                        let mut job = match order {
+                            Order::Step(job) => job,
+                            #[cfg(feature = "fault-injection")]
+                            Order::Fault(RankFault::Stall(d)) => {
+                                std::thread::sleep(d);
+                                continue;
+                            }
+                            #[cfg(feature = "fault-injection")]
+                            Order::Fault(RankFault::Die) => panic!("injected death of a rank"),
+                        };
                         let result = rank
                             .forward(&job.batch, &mut job.kv, &mut job.ws, job.split, &layout)
                             .map(|_| ());
@@ -241,6 +309,7 @@ impl TpGroup {
                 followers,
                 timeout,
                 broken: None,
+                comm_secs: 0.0,
             },
             model0,
             pool0,
@@ -306,20 +375,25 @@ impl TpGroup {
                 ws: std::mem::take(&mut ws[i + 1]),
                 split,
             };
-            if f.jobs.send(job).is_err() {
+            if f.jobs.send(Order::Step(job)).is_err() {
                 return Err(self.fail(format!("rank {} has stopped", i + 1)));
             }
         }
+        let mut timed = TimedComm {
+            comm: &mut self.comm0,
+            secs: 0.0,
+        };
         let mine = rank_forward(
             model0,
             ctx0,
-            &mut self.comm0,
+            &mut timed,
             &batch,
             &mut kv[0],
             &mut ws[0],
             split,
             &self.layout,
         );
+        self.comm_secs += timed.secs;
         let mut first_err: Option<String> = None;
         for (i, f) in self.followers.iter().enumerate() {
             // Bounded: a follower's collectives time out too, so it answers within about
@@ -355,6 +429,26 @@ impl TpGroup {
             (Err(e), _) => Err(e),
             (Ok(_), Some(e)) => Err(Error::Other(e)),
         }
+    }
+
+    /// Why the group stopped, if a rank failed.
+    pub fn failure(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
+    /// Seconds rank 0 spent in collectives (waiting included) since the last call.
+    pub fn take_comm_secs(&mut self) -> f64 {
+        std::mem::take(&mut self.comm_secs)
+    }
+
+    /// Test-only: makes follower `rank` (1..) stall or die.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject(&self, rank: usize, fault: RankFault) -> bool {
+        rank >= 1
+            && self
+                .followers
+                .get(rank - 1)
+                .is_some_and(|f| f.jobs.send(Order::Fault(fault)).is_ok())
     }
 
     fn fail(&mut self, why: String) -> Error {

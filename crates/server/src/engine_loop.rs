@@ -180,13 +180,14 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
                 }
             };
             let mut l = Loop {
+                health: health.clone(),
                 steps,
                 routes: HashMap::new(),
                 metrics,
                 in_flight,
             };
             let reason = match catch_unwind(AssertUnwindSafe(|| l.run(rx))) {
-                Ok(()) => "the engine has stopped".to_string(),
+                Ok(reason) => reason,
                 Err(p) => {
                     let what = panic_message(&*p);
                     tracing::error!("the engine thread died: {what}");
@@ -204,6 +205,7 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
 }
 
 struct Loop<'e> {
+    health: Arc<Health>,
     steps: StepEngine<'e>,
     routes: HashMap<u64, Route>,
     metrics: Arc<Metrics>,
@@ -211,13 +213,14 @@ struct Loop<'e> {
 }
 
 impl Loop<'_> {
-    fn run(&mut self, rx: mpsc::Receiver<Command>) {
+    /// Runs until the server goes away or the engine cannot go on; returns why it stopped.
+    fn run(&mut self, rx: mpsc::Receiver<Command>) -> String {
         loop {
             // Idle: block for the next command; busy: take what has arrived.
             if !self.steps.has_work() {
                 match rx.recv() {
                     Ok(c) => self.command(c),
-                    Err(_) => return,
+                    Err(_) => return "the engine has stopped".into(),
                 }
             }
             while let Ok(c) = rx.try_recv() {
@@ -225,7 +228,18 @@ impl Loop<'_> {
             }
             if self.steps.has_work() {
                 let out = self.steps.step();
+                // A tensor-parallel rank that died or stalled: no step can run any more. The
+                // health says so before the failed requests hear of it.
+                let failure = self.steps.engine().tp_failure();
+                if let Some(why) = &failure {
+                    tracing::error!("stopping the engine: {why}");
+                    self.health
+                        .stop(format!("tensor parallelism failed: {why}"));
+                }
                 self.deliver(out);
+                if let Some(why) = failure {
+                    return format!("tensor parallelism failed: {why}");
+                }
             }
             self.publish_gauges();
         }

@@ -139,3 +139,90 @@ async fn a_dead_engine_thread_answers_503_with_the_reason() {
     let (status, _) = s.post("/v1/completions", tokens(1, true)).await;
     assert_eq!(status, 503, "streaming requests are refused too");
 }
+
+const KILL_RANK: u32 = 4245;
+const STALL_RANK: u32 = 4246;
+
+/// A server over the default model split over 2 in-process ranks, collectives timing out
+/// after `timeout`, whose rank 1 dies or stalls for 4 s in a step computing the tokens above.
+async fn tp_server(timeout: std::time::Duration) -> Server {
+    let path = tessera_engine::store::resolve_model(None).unwrap();
+    let mut e = tessera_engine::Engine::load_tp(
+        &path,
+        2,
+        tessera_kernels::plan::Precision::Fast,
+        tessera_kernels::planner::Planner::untuned(),
+        2,
+        timeout,
+    )
+    .unwrap();
+    e.fault_hook = Some(Arc::new(|plan| {
+        let has = |t: u32| plan.seqs.iter().any(|s| s.tokens.contains(&t));
+        if has(KILL_RANK) {
+            Some(Fault::KillRank(1))
+        } else if has(STALL_RANK) {
+            Some(Fault::StallRank(1, std::time::Duration::from_secs(4)))
+        } else {
+            None
+        }
+    }));
+    start_engine(e, |_| {}, None).await
+}
+
+async fn health(s: &Server) -> (u16, String) {
+    let r = s
+        .client
+        .get(format!("{}/health", s.base))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_rank_fails_requests_naming_it_and_health_says_why() {
+    let s = tp_server(std::time::Duration::from_secs(10)).await;
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "tensor-parallel serving works: {body}");
+    let t0 = std::time::Instant::now();
+    let (status, body) = s.post("/v1/completions", tokens(KILL_RANK, false)).await;
+    assert_eq!(status, 500, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("rank 1"), "{msg}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "not bounded"
+    );
+    let (status, text) = health(&s).await;
+    assert_eq!(status, 503);
+    assert!(text.contains("rank 1"), "{text}");
+    let (status, _) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Hello", "max_tokens": 3}),
+        )
+        .await;
+    assert_eq!(status, 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_rank_fails_within_the_timeout() {
+    let s = tp_server(std::time::Duration::from_millis(800)).await;
+    let t0 = std::time::Instant::now();
+    let (status, body) = s.post("/v1/completions", tokens(STALL_RANK, false)).await;
+    let took = t0.elapsed();
+    assert_eq!(status, 500, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("rank") && msg.contains('1'), "{msg}");
+    assert!(
+        took < std::time::Duration::from_millis(3900),
+        "took {took:?}: not bounded by the timeout"
+    );
+    let (status, text) = health(&s).await;
+    assert_eq!(status, 503, "{text}");
+}

@@ -1,4 +1,5 @@
-//! `tessera bench <gemm|model|serve>`: argument definitions and the entry point.
+//! `tessera bench <gemm|model|serve|make-adapters|plot-lora>`: argument definitions and the
+//! entry point.
 //!
 //! Wire into the main command as a variant `Bench { #[command(subcommand)] cmd: BenchCommand }`
 //! and call [`run`].
@@ -11,6 +12,7 @@ use clap::{Subcommand, ValueEnum};
 use tessera_kernels::plan::Precision;
 
 use crate::gemm::{parse_dtypes, parse_families, run_gemm, GemmConfig};
+use crate::make_adapters::{parse_targets, run_make_adapters, MakeAdaptersConfig};
 use crate::model::{run_model, ModelConfig};
 use crate::serve::adapters::parse_adapters;
 use crate::serve::{parse_range, run_serve, Endpoint, Load, OutputLen, ServeConfig};
@@ -105,6 +107,10 @@ pub enum BenchCommand {
         /// How sub-batches are cut: sequence (whole sequences) or tokens.
         #[arg(long, default_value = "sequence")]
         split_by: tessera_engine::SplitBy,
+        /// Tensor-parallel ranks in this process, comma-separated to measure several in one
+        /// run (e.g. 1,2); prints the share of the time spent in communication.
+        #[arg(long, value_delimiter = ',', default_value = "1")]
+        tp: Vec<usize>,
     },
     /// Load generator for an OpenAI-compatible server (Tessera, llama-server, vLLM):
     /// streaming requests; TTFT, TPOT, latency, throughput and goodput.
@@ -178,6 +184,39 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
+    /// Write seeded random PEFT LoRA folders (DIR/a0 .. DIR/a{N-1}) that fit a base model,
+    /// for `tessera serve --lora NAME=PATH`; prints each folder and its size, then the
+    /// `--lora` flags.
+    MakeAdapters {
+        /// Folder the adapter folders are written into (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Adapters to write.
+        #[arg(long, default_value_t = 1)]
+        count: usize,
+        /// LoRA rank r (lora_alpha is 2·r).
+        #[arg(long, default_value_t = 8)]
+        rank: usize,
+        /// Adapted projections, comma-separated (q, k, v, o, gate, up, down), or all.
+        #[arg(long, value_delimiter = ',', default_value = "q,v")]
+        targets: Vec<String>,
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Base model: GGUF file or Hugging Face folder (default: $TESSERA_MODEL or the
+        /// default model).
+        #[arg(long)]
+        model: Option<PathBuf>,
+    },
+    /// Summarize a multi-LoRA benchmark (one JSON object per line, as written by
+    /// scripts/bench-lora.sh): output tokens/s per adapter kind, batching and count, ratios
+    /// to base-only and co-batching / serial; optionally an SVG chart.
+    PlotLora {
+        /// The results file.
+        file: PathBuf,
+        /// Write an SVG chart of output tokens/s against the adapter count.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// Runs a benchmark command.
@@ -231,6 +270,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             seed,
             sub_batches,
             split_by,
+            tp,
         } => run_model(&ModelConfig {
             model,
             prompt_tokens,
@@ -244,6 +284,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             seed,
             sub_batching: tessera_engine::SubBatching::new(sub_batches, split_by)
                 .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?,
+            tp,
         }),
         BenchCommand::Serve {
             url,
@@ -327,6 +368,24 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 seed,
                 adapters,
             })
+        }
+        BenchCommand::MakeAdapters {
+            out,
+            count,
+            rank,
+            targets,
+            seed,
+            model,
+        } => run_make_adapters(&MakeAdaptersConfig {
+            out,
+            count,
+            rank,
+            targets: parse_targets(&targets)?,
+            seed,
+            model,
+        }),
+        BenchCommand::PlotLora { file, out } => {
+            crate::lora_report::run_plot_lora(&file, out.as_deref())
         }
     }
 }
@@ -474,7 +533,7 @@ mod tests {
     }
 
     #[test]
-    fn serve_adapters() {
+    fn serve_adapters_and_lora_tools() {
         let c = Cli::parse_from(["x", "serve", "--url", "u"]);
         match c.cmd {
             BenchCommand::Serve { adapters, .. } => assert_eq!(adapters, None),
@@ -501,5 +560,52 @@ mod tests {
             "m"
         ])
         .is_err());
+        let c = Cli::parse_from(["x", "make-adapters", "--out", "/tmp/a"]);
+        match c.cmd {
+            BenchCommand::MakeAdapters {
+                out,
+                count,
+                rank,
+                targets,
+                seed,
+                model,
+            } => {
+                assert_eq!(out, PathBuf::from("/tmp/a"));
+                assert_eq!((count, rank, seed), (1, 8, 42));
+                assert_eq!(targets, vec!["q", "v"]);
+                assert_eq!(model, None);
+            }
+            _ => panic!("not make-adapters"),
+        }
+        let c = Cli::parse_from([
+            "x",
+            "make-adapters",
+            "--out",
+            "d",
+            "--count",
+            "16",
+            "--rank",
+            "16",
+            "--targets",
+            "all",
+        ]);
+        match c.cmd {
+            BenchCommand::MakeAdapters {
+                count,
+                rank,
+                targets,
+                ..
+            } => assert_eq!((count, rank, targets), (16, 16, vec!["all".to_string()])),
+            _ => panic!("not make-adapters"),
+        }
+        assert!(Cli::try_parse_from(["x", "make-adapters"]).is_err());
+        let c = Cli::parse_from(["x", "plot-lora", "r.jsonl", "--out", "l.svg"]);
+        match c.cmd {
+            BenchCommand::PlotLora { file, out } => {
+                assert_eq!(file, PathBuf::from("r.jsonl"));
+                assert_eq!(out, Some(PathBuf::from("l.svg")));
+            }
+            _ => panic!("not plot-lora"),
+        }
     }
 }

@@ -9,12 +9,17 @@
 //! - `serve`: a load generator for OpenAI-compatible servers (TTFT, TPOT, throughput,
 //!   goodput), with concurrency sweeps and requests spread over LoRA adapters
 //!   (`--adapters`, figures per adapter).
+//! - `make-adapters`: seeded random PEFT LoRA folders that fit a base model.
+//! - `plot-lora`: the summary and chart of a multi-LoRA serving benchmark
+//!   (scripts/bench-lora.sh).
 //!
 //! [`cli`] holds the argument definitions and the entry point; the pure helpers (medians,
 //! geometric means, the best-fixed-strategy choice) live in [`stats`].
 
 pub mod cli;
 pub mod gemm;
+pub mod lora_report;
+pub mod make_adapters;
 pub mod model;
 pub mod openblas;
 pub mod plot;

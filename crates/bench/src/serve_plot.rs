@@ -12,7 +12,19 @@ use crate::serve::{per_request, Load, Outcome, RunStats};
 const PANEL_W: u32 = 400;
 const PANEL_H: u32 = 300;
 
-type Series = (&'static str, RGBColor, Vec<(f64, f64)>);
+/// A line's legend name, colour and points.
+pub(crate) type Series = (String, RGBColor, Vec<(f64, f64)>);
+
+/// How the x axis is labelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum XAxis {
+    /// The values themselves.
+    Linear,
+    /// x values are log2 of the real ones, labelled as powers of 2.
+    Log2,
+    /// As `Log2`, and x = -1 (below 2^0) stands for 0, labelled `base`.
+    Log2Base,
+}
 
 const RED: RGBColor = RGBColor(214, 39, 40);
 const BLUE: RGBColor = RGBColor(31, 119, 180);
@@ -40,28 +52,36 @@ pub fn plot_sweep(path: &Path, runs: &[RunStats]) -> Result<()> {
         (
             "TTFT (ms)",
             vec![
-                ("p50", BLUE, line(|r| r.ttft_ms.p50)),
-                ("p99", RED, line(|r| r.ttft_ms.p99)),
+                ("p50".into(), BLUE, line(|r| r.ttft_ms.p50)),
+                ("p99".into(), RED, line(|r| r.ttft_ms.p99)),
             ],
         ),
         (
             "TPOT (ms)",
             vec![
-                ("p50", BLUE, line(|r| r.tpot_ms.p50)),
-                ("p99", RED, line(|r| r.tpot_ms.p99)),
+                ("p50".into(), BLUE, line(|r| r.tpot_ms.p50)),
+                ("p99".into(), RED, line(|r| r.tpot_ms.p99)),
             ],
         ),
         (
             "output tokens/s",
-            vec![("output tok/s", GREEN, line(|r| r.output_tok_per_s))],
+            vec![("output tok/s".into(), GREEN, line(|r| r.output_tok_per_s))],
         ),
     ];
     let root = SVGBackend::new(path, (PANEL_W * panels.len() as u32, PANEL_H)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("plot: {e}"))?;
     let areas = root.split_evenly((1, panels.len()));
     for (area, (title, series)) in areas.iter().zip(panels) {
-        draw_panel(area, title, "concurrency", true, false, series)
-            .map_err(|e| anyhow!("plot: {e}"))?;
+        draw_panel(
+            area,
+            title,
+            "concurrency",
+            XAxis::Log2,
+            false,
+            SeriesLabelPosition::UpperLeft,
+            series,
+        )
+        .map_err(|e| anyhow!("plot: {e}"))?;
     }
     root.present().map_err(|e| anyhow!("plot: {e}"))?;
     Ok(())
@@ -83,32 +103,34 @@ pub fn plot_requests(path: &Path, outcomes: &[Outcome], label: &str) -> Result<(
         &areas[0],
         &t1,
         "request sent at (s)",
-        false,
+        XAxis::Linear,
         true,
-        vec![("TTFT", BLUE, ttft)],
+        SeriesLabelPosition::UpperLeft,
+        vec![("TTFT".into(), BLUE, ttft)],
     )
     .map_err(|e| anyhow!("plot: {e}"))?;
     draw_panel(
         &areas[1],
         &t2,
         "request sent at (s)",
-        false,
+        XAxis::Linear,
         true,
-        vec![("TPOT", RED, tpot)],
+        SeriesLabelPosition::UpperLeft,
+        vec![("TPOT".into(), RED, tpot)],
     )
     .map_err(|e| anyhow!("plot: {e}"))?;
     root.present().map_err(|e| anyhow!("plot: {e}"))?;
     Ok(())
 }
 
-/// One chart; `log2_x`: x values are log2 of the real ones and labelled as powers of 2;
-/// `scatter`: points instead of lines.
-fn draw_panel<DB: DrawingBackend>(
+/// One chart, y from 0; `scatter`: points instead of lines.
+pub(crate) fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
     x_desc: &str,
-    log2_x: bool,
+    x_axis: XAxis,
     scatter: bool,
+    legend: SeriesLabelPosition,
     series: Vec<Series>,
 ) -> std::result::Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let xs = || series.iter().flat_map(|s| s.2.iter().map(|p| p.0));
@@ -138,9 +160,23 @@ fn draw_panel<DB: DrawingBackend>(
     let mut mesh = chart.configure_mesh();
     mesh.x_desc(x_desc);
     let fmt_log = |v: &f64| format!("{}", 2f64.powf(*v).round());
-    if log2_x {
-        mesh.x_labels(((xmax - xmin).ceil() as usize + 1).max(2))
-            .x_label_formatter(&fmt_log);
+    let fmt_base = |v: &f64| {
+        if *v < -0.5 {
+            "base".to_string()
+        } else {
+            fmt_log(v)
+        }
+    };
+    match x_axis {
+        XAxis::Linear => {}
+        XAxis::Log2 => {
+            mesh.x_labels(((xmax - xmin).ceil() as usize + 1).max(2))
+                .x_label_formatter(&fmt_log);
+        }
+        XAxis::Log2Base => {
+            mesh.x_labels(((xmax - xmin).ceil() as usize + 1).max(2))
+                .x_label_formatter(&fmt_base);
+        }
     }
     mesh.draw()?;
     for (name, color, data) in series {
@@ -161,7 +197,7 @@ fn draw_panel<DB: DrawingBackend>(
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(legend)
         .draw()?;
     Ok(())
 }

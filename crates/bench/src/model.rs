@@ -25,6 +25,8 @@ pub struct ModelConfig {
     pub warmup: bool,
     pub seed: u64,
     pub sub_batching: SubBatching,
+    /// Tensor-parallel rank counts, each measured in turn.
+    pub tp: Vec<usize>,
 }
 
 /// Index of the largest value (first on ties).
@@ -58,20 +60,31 @@ fn timed_request(engine: &Engine, prompt: &[u32], max_tokens: usize) -> Result<(
     Ok((stats.prefill_secs, stats.decode_secs))
 }
 
-/// One pp + tg run; returns (pp tokens/s, tg tokens/s), `NaN` for a part of length 0.
-fn one_run(engine: &Engine, cfg: &ModelConfig, prompt: &[u32], tg: usize) -> Result<(f64, f64)> {
+/// One pp + tg run: (pp tokens/s, tg tokens/s, share of the pp and of the tg time rank 0
+/// spent in tensor-parallel collectives), `NaN` for a part of length 0.
+fn one_run(
+    engine: &Engine,
+    cfg: &ModelConfig,
+    prompt: &[u32],
+    tg: usize,
+) -> Result<(f64, f64, f64, f64)> {
     let pp = prompt.len();
-    let mut pp_rate = f64::NAN;
-    let mut tg_rate = f64::NAN;
-    if pp > 0 {
-        // The prompt in chunks of PREFILL_CHUNK, then (after the prompt) `tg` decode steps:
-        // each generated token after the first is one forward.
-        let extra = if cfg.tg_after_prompt { tg } else { 0 };
-        let (prefill, decode) = timed_request(engine, prompt, 1 + extra)?;
+    let (mut pp_rate, mut tg_rate) = (f64::NAN, f64::NAN);
+    let (mut pp_comm, mut tg_comm) = (f64::NAN, f64::NAN);
+    engine.take_comm_secs();
+    if pp > 0 && !cfg.tg_after_prompt {
+        let (prefill, _) = timed_request(engine, prompt, 1)?;
         pp_rate = pp as f64 / prefill;
-        if extra > 0 {
-            tg_rate = tg as f64 / decode;
-        }
+        pp_comm = engine.take_comm_secs() / prefill;
+    }
+    if pp > 0 && cfg.tg_after_prompt {
+        // The prompt, then `tg` decode steps (each generated token after the first is one
+        // forward). The communication share is over both.
+        let (prefill, decode) = timed_request(engine, prompt, 1 + tg)?;
+        pp_rate = pp as f64 / prefill;
+        tg_rate = tg as f64 / decode;
+        pp_comm = engine.take_comm_secs() / (prefill + decode);
+        tg_comm = pp_comm;
     }
     if tg > 0 && !(cfg.tg_after_prompt && pp > 0) {
         // A fresh context, as llama-bench's tg test: `tg` forwards of one token from
@@ -79,15 +92,33 @@ fn one_run(engine: &Engine, cfg: &ModelConfig, prompt: &[u32], tg: usize) -> Res
         let first = [prompt.first().copied().unwrap_or(1)];
         let (prefill, decode) = timed_request(engine, &first, tg)?;
         tg_rate = tg as f64 / (prefill + decode);
+        tg_comm = engine.take_comm_secs() / (prefill + decode);
     }
-    Ok((pp_rate, tg_rate))
+    Ok((pp_rate, tg_rate, pp_comm, tg_comm))
 }
 
 pub fn run_model(cfg: &ModelConfig) -> Result<()> {
+    if cfg.tp.is_empty() || cfg.tp.contains(&0) {
+        bail!("--tp needs positive rank counts");
+    }
+    for &tp in &cfg.tp {
+        run_one_tp(cfg, tp)?;
+    }
+    Ok(())
+}
+
+fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
     let path = store::resolve_model(cfg.model.as_deref())?;
-    let mut engine = Engine::load_with(&path, cfg.threads, cfg.precision, tuning::load_planner())?;
+    let mut engine = Engine::load_tp(
+        &path,
+        cfg.threads,
+        cfg.precision,
+        tuning::load_planner(),
+        tp,
+        std::time::Duration::from_secs(10),
+    )?;
     engine.sub_batching = cfg.sub_batching;
-    let c = &engine.model.config;
+    let c = &engine.config;
     let (pp, tg) = (cfg.prompt_tokens, cfg.gen_tokens);
     let needed = if cfg.tg_after_prompt {
         pp + tg
@@ -115,11 +146,11 @@ pub fn run_model(cfg: &ModelConfig) -> Result<()> {
         }
     };
     info(format!(
-        "model {} ({}, {:.1} MiB), {} threads, precision {}, isa {}, sub-batches {} by {}, loaded in {:.2} s",
+        "model {} ({}, {:.1} MiB), {} threads, {tp} tensor-parallel rank(s), precision {}, isa {}, sub-batches {} by {}, loaded in {:.2} s",
         engine.name,
         path.display(),
         engine.weight_bytes as f64 / (1 << 20) as f64,
-        engine.pool.units(),
+        cfg.threads,
         cfg.precision,
         tessera_engine::isa_name(),
         cfg.sub_batching.count,
@@ -133,20 +164,31 @@ pub fn run_model(cfg: &ModelConfig) -> Result<()> {
         // Touch every weight page and fill the planner's memo for the shapes used below.
         one_run(&engine, cfg, &prompt, tg.min(4))?;
     }
-    let mut pps = Vec::new();
-    let mut tgs = Vec::new();
+    let (mut pps, mut tgs, mut pcs, mut tcs) = (vec![], vec![], vec![], vec![]);
     for rep in 0..cfg.reps {
-        let (p, t) = one_run(&engine, cfg, &prompt, tg)?;
+        let (p, t, pc, tc) = one_run(&engine, cfg, &prompt, tg)?;
+        let share = |x: f64| {
+            if tp > 1 && x.is_finite() {
+                format!(" ({:.0}% communication)", 100.0 * x)
+            } else {
+                String::new()
+            }
+        };
         info(format!(
-            "run {}: pp{pp} {:>9.1} tok/s   tg{tg} {:>8.1} tok/s",
+            "run {}: pp{pp} {:>9.1} tok/s{}   tg{tg} {:>8.1} tok/s{}",
             rep + 1,
             p,
-            t
+            share(pc),
+            t,
+            share(tc)
         ));
         pps.push(p);
         tgs.push(t);
+        pcs.push(pc);
+        tcs.push(tc);
     }
     let (pp_med, tg_med) = (median(&pps), median(&tgs));
+    let (pc_med, tc_med) = (median(&pcs), median(&tcs));
     let fin = |x: f64| x.is_finite().then_some(x);
     if cfg.json {
         println!(
@@ -154,7 +196,11 @@ pub fn run_model(cfg: &ModelConfig) -> Result<()> {
             json!({
                 "model": engine.name,
                 "path": path.display().to_string(),
-                "threads": engine.pool.units(),
+                "threads": cfg.threads,
+                "tp": tp,
+                "tp_backend": "local",
+                "pp_comm_share": fin(pc_med),
+                "tg_comm_share": fin(tc_med),
                 "precision": cfg.precision.to_string(),
                 "prompt_tokens": pp,
                 "gen_tokens": tg,
@@ -167,7 +213,15 @@ pub fn run_model(cfg: &ModelConfig) -> Result<()> {
             })
         );
     } else {
-        println!("median: pp{pp} {pp_med:.1} tok/s   tg{tg} {tg_med:.1} tok/s");
+        if tp > 1 {
+            println!(
+                "median (tp {tp}): pp{pp} {pp_med:.1} tok/s ({:.0}% communication)   tg{tg} {tg_med:.1} tok/s ({:.0}% communication)",
+                100.0 * pc_med,
+                100.0 * tc_med
+            );
+        } else {
+            println!("median: pp{pp} {pp_med:.1} tok/s   tg{tg} {tg_med:.1} tok/s");
+        }
     }
     Ok(())
 }

@@ -48,6 +48,7 @@ HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-180}
 KINDS=("qv-r8 8 q,v" "all-r16 16 all")
 
 SERVER_PID=""
+CLIENT_PID=""
 ADAPTER_DIR=""
 
 stop_server() {
@@ -66,6 +67,10 @@ stop_server() {
 }
 
 cleanup() {
+    if [[ -n "$CLIENT_PID" ]]; then
+        kill "$CLIENT_PID" 2>/dev/null || true
+        wait "$CLIENT_PID" 2>/dev/null || true
+    fi
     stop_server
     if [[ -n "$ADAPTER_DIR" ]]; then
         rm -rf "$ADAPTER_DIR"
@@ -184,12 +189,22 @@ run() {
     local tag="$kind-$batching-$n"
     echo "== $kind, $batching batching, adapters: $(names "$n")"
     start_server "$OUT_DIR/server-$tag.log" "$batching" "${lora[@]}"
-    local row
-    row=$("$TESSERA" bench serve --url "http://127.0.0.1:$PORT" \
+    # In the background and waited for, so that a signal stops everything at once.
+    local row_file="$OUT_DIR/.row-$tag.json"
+    "$TESSERA" bench serve --url "http://127.0.0.1:$PORT" \
         --concurrency "$CONCURRENCY" --requests "$REQUESTS" \
         --output-tokens "$OUTPUT_TOKENS" --prompt-tokens "$PROMPT_TOKENS" \
-        --warmup "$WARMUP" --json --adapters "$(names "$n")")
+        --warmup "$WARMUP" --json --adapters "$(names "$n")" >"$row_file" &
+    CLIENT_PID=$!
+    if ! wait "$CLIENT_PID"; then
+        CLIENT_PID=""
+        die "tessera bench serve failed ($tag; server log: $OUT_DIR/server-$tag.log)"
+    fi
+    CLIENT_PID=""
     stop_server
+    local row
+    row=$(<"$row_file")
+    rm -f "$row_file"
     printf '{"kind":"%s","batching":"%s","n_adapters":%d,"bench":%s}\n' \
         "$kind" "$batching" "$n" "$row" >>"$RESULTS"
 }

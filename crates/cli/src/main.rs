@@ -51,7 +51,8 @@ struct ModelArgs {
     /// threads, its shard of every split weight and its heads' KV cache).
     #[arg(long, global = true, default_value_t = 1)]
     tp: usize,
-    /// Where the ranks run: `local` (thread groups of this process).
+    /// Where the ranks run: `local` (thread groups of this process) or `mpi` (the processes
+    /// of `mpirun -np R tessera ...`; build with `--features mpi`).
     #[arg(long, global = true, default_value = "local")]
     tp_backend: String,
     /// Seconds a rank may stay silent in a collective before the others stop with an error
@@ -257,24 +258,22 @@ fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
     if args.tp == 0 {
         bail!("--tp must be at least 1");
     }
-    match args.tp_backend.as_str() {
-        "local" => {}
-        "mpi" => bail!(
-            "--tp-backend mpi is not available yet: this build runs tensor parallelism in one \
-             process only (--tp-backend local)"
-        ),
+    let backend = match args.tp_backend.as_str() {
+        "local" => tessera_engine::TpBackend::Local,
+        "mpi" => tessera_engine::TpBackend::Mpi,
         o => bail!("--tp-backend {o:?}: expected local or mpi"),
-    }
+    };
     if !(args.tp_timeout > 0.0 && args.tp_timeout.is_finite()) {
         bail!("--tp-timeout must be a positive number of seconds");
     }
     let planner = tessera_engine::tuning::load_planner();
-    let mut engine = Engine::load_tp(
+    let mut engine = Engine::load_parallel(
         &path,
         threads,
         precision,
         planner,
         args.tp,
+        backend,
         std::time::Duration::from_secs_f64(args.tp_timeout),
     )
     .with_context(|| format!("loading {}", path.display()))?;

@@ -49,6 +49,45 @@ pub struct Engine {
     pub fault_hook: Option<FaultHook>,
 }
 
+/// Where tensor-parallel ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TpBackend {
+    /// Thread groups of this process.
+    Local,
+    /// Processes of an `mpirun` job (cargo feature `mpi`).
+    Mpi,
+}
+
+type Parts = (LlamaModel, ThreadPool, Option<Mutex<TpGroup>>);
+
+#[cfg(feature = "mpi")]
+fn mpi_leader(
+    files: &tessera_formats::ModelFiles,
+    precision: Precision,
+    planner: &Planner,
+    tp: usize,
+    threads: usize,
+    timeout: Duration,
+) -> Result<Parts> {
+    let crate::tp_mpi::MpiRole::Leader(group, model, pool) =
+        crate::tp_mpi::join(files, precision, planner, tp, threads, timeout)?;
+    Ok((model, pool, Some(Mutex::new(group))))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_leader(
+    _: &tessera_formats::ModelFiles,
+    _: Precision,
+    _: &Planner,
+    _: usize,
+    _: usize,
+    _: Duration,
+) -> Result<Parts> {
+    Err(tessera_core::Error::Config(
+        "this build has no MPI backend: build with `cargo build --release --features mpi`".into(),
+    ))
+}
+
 /// Logits of a forward: borrowed from rank 0's workspace, or gathered over the ranks.
 pub enum ForwardLogits<'a> {
     View(LogitsView<'a>),
@@ -115,10 +154,34 @@ impl Engine {
         tp: usize,
         tp_timeout: Duration,
     ) -> Result<Self> {
+        Self::load_parallel(
+            path,
+            threads,
+            precision,
+            planner,
+            tp,
+            TpBackend::Local,
+            tp_timeout,
+        )
+    }
+
+    /// Loads split over `tp` ranks of `backend`. Over MPI every process of the job calls
+    /// this; only rank 0 returns (the others serve rank 0's steps, then exit).
+    pub fn load_parallel(
+        path: &Path,
+        threads: usize,
+        precision: Precision,
+        planner: Planner,
+        tp: usize,
+        backend: TpBackend,
+        tp_timeout: Duration,
+    ) -> Result<Self> {
         let t0 = Instant::now();
         let files = tessera_formats::load_model(path)?;
         let tokenizer = Arc::new(Tokenizer::from_spec(&files.tokenizer)?);
-        let (model, pool, tp) = if tp <= 1 {
+        let (model, pool, tp) = if backend == TpBackend::Mpi {
+            mpi_leader(&files, precision, &planner, tp, threads, tp_timeout)?
+        } else if tp <= 1 {
             (
                 LlamaModel::new(&files, precision)?,
                 ThreadPool::new(threads),
@@ -129,7 +192,9 @@ impl Engine {
                 TpGroup::new(&files, precision, &planner, tp, threads, tp_timeout)?;
             (model0, pool0, Some(Mutex::new(group)))
         };
-        let ranks = tp.as_ref().map_or(1, |g| g.lock().map_or(1, |g| g.size()));
+        let ranks = tp
+            .as_ref()
+            .map_or(1, |g| g.lock().map_or(1, |g| g.local_ranks()));
         Ok(Engine {
             name: files.name.clone(),
             config: files.config.clone(),

@@ -13,10 +13,12 @@ pub mod step;
 pub mod stop;
 pub mod store;
 pub mod tp;
+#[cfg(feature = "mpi")]
+mod tp_mpi;
 pub mod tune;
 pub mod tuning;
 
-pub use engine::Engine;
+pub use engine::{Engine, TpBackend};
 pub use generate::GenerationStats;
 pub use live::token_logprob;
 pub use request::{FinishReason, GenerateRequest, RequestEvent, SubmitError, TokenLogprob};

@@ -29,7 +29,7 @@ use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
 /// A communicator that adds up the time spent in its collectives.
 struct TimedComm<'a> {
-    comm: &'a mut LocalComm,
+    comm: &'a mut dyn Communicator,
     secs: f64,
 }
 
@@ -114,7 +114,10 @@ struct Follower {
 pub struct TpGroup {
     layout: TpLayout,
     /// Rank 0's communicator (its model, units and planner are the engine's).
-    comm0: LocalComm,
+    comm0: Box<dyn Communicator>,
+    /// Over MPI: followers are other processes, told each step's work by broadcast.
+    #[cfg(feature = "mpi")]
+    mpi: Option<crate::tp_mpi::MpiLink>,
     followers: Vec<Follower>,
     timeout: Duration,
     /// Why the group stopped, once a rank failed.
@@ -123,14 +126,14 @@ pub struct TpGroup {
     comm_secs: f64,
 }
 
-fn comm_err(e: CommError) -> Error {
+pub(crate) fn comm_err(e: CommError) -> Error {
     Error::Other(format!("tensor parallelism: {e}"))
 }
 
 /// One rank's forward of `batch` and its share of the logits gather: the whole vocabulary's
 /// logits on every rank.
 #[allow(clippy::too_many_arguments)]
-fn rank_forward(
+pub(crate) fn rank_forward(
     model: &LlamaModel,
     ctx: &ExecCtx,
     comm: &mut dyn Communicator,
@@ -305,7 +308,9 @@ impl TpGroup {
         Ok((
             TpGroup {
                 layout,
-                comm0,
+                comm0: Box::new(comm0),
+                #[cfg(feature = "mpi")]
+                mpi: None,
                 followers,
                 timeout,
                 broken: None,
@@ -319,16 +324,53 @@ impl TpGroup {
     pub fn size(&self) -> usize {
         self.layout.size()
     }
+
+    /// Ranks in this process (all of them with the local backend, rank 0 alone over MPI).
+    pub fn local_ranks(&self) -> usize {
+        self.followers.len() + 1
+    }
+
+    /// A group whose ranks 1.. are other processes of an MPI job, rank 0 being this one.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn over_mpi(
+        layout: TpLayout,
+        comm0: tessera_parallel::mpi::MpiComm,
+        timeout: Duration,
+    ) -> Self {
+        TpGroup {
+            layout,
+            comm0: Box::new(comm0),
+            mpi: Some(crate::tp_mpi::MpiLink::default()),
+            followers: Vec::new(),
+            timeout,
+            broken: None,
+            comm_secs: 0.0,
+        }
+    }
     pub fn layout(&self) -> &TpLayout {
         &self.layout
     }
     /// One KV storage per rank, each for that rank's KV heads, for a model of `c`.
     pub fn new_kv(
-        &self,
+        &mut self,
         c: &tessera_formats::ModelConfig,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Vec<KvStorage>> {
+        #[cfg(feature = "mpi")]
+        if let Some(link) = &mut self.mpi {
+            // Rank 0 keeps its shard; the followers allocate theirs under the same tag.
+            let mut kv = KvStorage::new(
+                c.n_layers,
+                self.layout.ranks[0].kv_heads.len() * c.head_dim,
+                block_size,
+                num_blocks,
+            )?;
+            kv.tag = link
+                .send_new_kv(&mut *self.comm0, block_size, num_blocks)
+                .map_err(comm_err)?;
+            return Ok(vec![kv]);
+        }
         self.layout
             .ranks
             .iter()
@@ -359,7 +401,7 @@ impl TpGroup {
                 "tensor parallelism has stopped: {why}"
             )));
         }
-        let n = self.size();
+        let n = self.followers.len() + 1;
         if kv.len() != n || ws.len() != n {
             return Err(Error::Other(format!(
                 "{n} ranks need {n} KV storages and workspaces, got {} and {}",
@@ -379,8 +421,14 @@ impl TpGroup {
                 return Err(self.fail(format!("rank {} has stopped", i + 1)));
             }
         }
+        #[cfg(feature = "mpi")]
+        if let Some(link) = &mut self.mpi {
+            if let Err(e) = link.send_step(&mut *self.comm0, &batch, &kv[0], split) {
+                return Err(self.fail(e.to_string()));
+            }
+        }
         let mut timed = TimedComm {
-            comm: &mut self.comm0,
+            comm: &mut *self.comm0,
             secs: 0.0,
         };
         let mine = rank_forward(
@@ -460,6 +508,10 @@ impl TpGroup {
 
 impl Drop for TpGroup {
     fn drop(&mut self) {
+        #[cfg(feature = "mpi")]
+        if let Some(link) = &mut self.mpi {
+            link.send_shutdown(&mut *self.comm0);
+        }
         for f in &mut self.followers {
             // Closing the job channel ends the follower's loop.
             let (tx, _) = channel();

@@ -14,6 +14,8 @@ pub struct KvStorage {
     kv_dim: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// An identity for storages that live partly elsewhere (other ranks' shards of it).
+    pub tag: u64,
 }
 
 impl KvStorage {
@@ -27,6 +29,7 @@ impl KvStorage {
             .and_then(|x| x.checked_mul(kv_dim))
             .ok_or_else(|| Error::Config("KV storage size overflows".into()))?;
         Ok(KvStorage {
+            tag: 0,
             block_size,
             num_blocks,
             kv_dim,

@@ -6,9 +6,12 @@
 //! order and whatever the backend, so results are bitwise reproducible run to run.
 //!
 //! Backends: [`local`] (ranks are thread groups of one process, reducing through shared
-//! memory).
+//! memory) and, with the cargo feature `mpi`, `mpi` (ranks are processes started by
+//! `mpirun`).
 
 pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use std::time::Duration;
 

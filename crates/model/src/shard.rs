@@ -114,8 +114,15 @@ pub fn shard_files(files: &ModelFiles, layout: &TpLayout, rank: usize) -> Result
             // A row-parallel product's bias is added once, by rank 0.
             ("attn_output" | "ffn_down", "bias") if rank > 0 => continue,
             ("token_embd" | "output", "weight") => rows(t, s.vocab.clone())?,
-            _ => t.clone(),
+            _ => {
+                tensors.insert(name.clone(), t.clone());
+                continue;
+            }
         };
+        // The whole tensor's pages were read to slice it; give them back (a mapped file's
+        // pages are faulted in again where this rank's slice is used), so a rank's resident
+        // memory is its shard, not the model.
+        t.bytes.release_pages();
         tensors.insert(name.clone(), sliced);
     }
     let mut config = c.clone();

@@ -30,8 +30,9 @@ pub struct MpiComm {
     size: usize,
     timeout: Duration,
     jobs: Sender<Exchange>,
-    /// For each rank, the number of the last exchange whose data arrived from it.
-    arrived: Arc<Mutex<Vec<u64>>>,
+    /// For each rank, the number of the last exchange whose data arrived from it, and of the
+    /// last whose data it took from us.
+    arrived: Arc<Mutex<Vec<(u64, u64)>>>,
     seq: u64,
     broken: Option<CommError>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -56,7 +57,7 @@ impl Drop for MpiComm {
 pub fn init(timeout: Duration) -> Result<MpiComm, String> {
     let (ready_tx, ready_rx) = channel::<Result<(usize, usize), String>>();
     let (jobs, job_rx) = channel::<Exchange>();
-    let arrived = Arc::new(Mutex::new(Vec::new()));
+    let arrived = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
     let arrived_thread = arrived.clone();
     let thread = std::thread::Builder::new()
         .name("tessera-mpi".into())
@@ -80,7 +81,7 @@ pub fn init(timeout: Duration) -> Result<MpiComm, String> {
 fn comm_thread(
     ready: Sender<Result<(usize, usize), String>>,
     jobs: Receiver<Exchange>,
-    arrived: Arc<Mutex<Vec<u64>>>,
+    arrived: Arc<Mutex<Vec<(u64, u64)>>>,
 ) {
     let Some((universe, threading)) = mpi::initialize_with_threading(Threading::Multiple) else {
         let _ = ready.send(Err("MPI was already initialised".into()));
@@ -94,7 +95,7 @@ fn comm_thread(
     }
     let world = universe.world();
     let (me, size) = (world.rank() as usize, world.size() as usize);
-    *arrived.lock().unwrap_or_else(|e| e.into_inner()) = vec![0; size];
+    *arrived.lock().unwrap_or_else(|e| e.into_inner()) = vec![(0, 0); size];
     let _ = ready.send(Ok((me, size)));
     let mut seq = 0u64;
     while let Ok(job) = jobs.recv() {
@@ -104,9 +105,12 @@ fn comm_thread(
             let sends: Vec<_> = (0..size)
                 .filter(|&r| r != me)
                 .map(|r| {
-                    world
-                        .process_at_rank(r as i32)
-                        .immediate_send(scope, &job.data[..])
+                    (
+                        r,
+                        world
+                            .process_at_rank(r as i32)
+                            .immediate_send(scope, &job.data[..]),
+                    )
                 })
                 .collect();
             for (r, slot) in out.iter_mut().enumerate() {
@@ -115,10 +119,11 @@ fn comm_thread(
                 }
                 let (msg, _status) = world.process_at_rank(r as i32).receive_vec::<u8>();
                 *slot = msg;
-                arrived.lock().unwrap_or_else(|e| e.into_inner())[r] = seq;
+                arrived.lock().unwrap_or_else(|e| e.into_inner())[r].0 = seq;
             }
-            for s in sends {
+            for (r, s) in sends {
                 s.wait();
+                arrived.lock().unwrap_or_else(|e| e.into_inner())[r].1 = seq;
             }
         });
         out[me] = job.data;
@@ -160,9 +165,17 @@ impl MpiComm {
             Ok(v) => Ok(v),
             Err(RecvTimeoutError::Timeout) => {
                 let arrived = self.arrived.lock().unwrap_or_else(|e| e.into_inner());
-                let ranks: Vec<usize> = (0..self.size)
-                    .filter(|&r| r != self.rank && arrived.get(r).is_some_and(|&s| s < self.seq))
+                let mut ranks: Vec<usize> = (0..self.size)
+                    .filter(|&r| {
+                        r != self.rank
+                            && arrived
+                                .get(r)
+                                .is_some_and(|&(got, took)| got < self.seq || took < self.seq)
+                    })
                     .collect();
+                if ranks.is_empty() {
+                    ranks = (0..self.size).filter(|&r| r != self.rank).collect();
+                }
                 let e = CommError::Timeout {
                     ranks,
                     timeout: self.timeout,

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Tensor parallelism over MPI, end to end with mpirun on this machine (part of scripts/test):
+#  1. logits and greedy text of `--tp R --tp-backend mpi` (R = 2, 3) are bitwise those of
+#     the in-process backend at the same R;
+#  2. a rank stalled with SIGSTOP makes rank 0 stop within --tp-timeout with an error naming
+#     rank 1, and mpirun ends the job;
+#  3. a rank killed with SIGKILL ends the job within a bounded time with an error naming it.
+# Per-rank resident memory at R = 2 is printed. Needs the binary built with --features mpi.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=target/release/tessera
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    pkill -9 -f "tessera-mpi-test-marker" 2>/dev/null || true
+    [[ -n "${KEEP:-}" ]] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAILED: $*" >&2; exit 1; }
+passed=0
+
+tokens=$($BIN tokenize "The capital of France is a city of" 2>/dev/null | tr -d '[] ')
+for r in 2 3; do
+    $BIN logits --tokens "$tokens" --tp "$r" 2>/dev/null >"$tmp/local.json"
+    "${MPIRUN[@]}" -np "$r" $BIN logits --tokens "$tokens" --tp "$r" --tp-backend mpi \
+        2>"$tmp/mpi.err" >"$tmp/mpi.json" || { cat "$tmp/mpi.err"; fail "mpirun logits, R=$r"; }
+    cmp -s "$tmp/local.json" "$tmp/mpi.json" || fail "R=$r: MPI logits differ from the local backend's"
+    gen=(generate --prompt "The capital of France is" --max-tokens 24 --temperature 0 --tp "$r")
+    $BIN "${gen[@]}" 2>/dev/null >"$tmp/local.txt"
+    "${MPIRUN[@]}" -np "$r" $BIN "${gen[@]}" --tp-backend mpi 2>/dev/null >"$tmp/mpi.txt"
+    cmp -s "$tmp/local.txt" "$tmp/mpi.txt" || fail "R=$r: MPI greedy text differs"
+    echo "ok: R=$r MPI logits and greedy text bitwise equal to the local backend"
+    passed=$((passed + 1))
+done
+
+# The pid of the tessera process of MPI rank $1 (the newest one).
+rank_pid() {
+    for p in $(pgrep -f "tessera-mpi-test-marker" | sort -rn); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+            echo "$p"
+            return
+        fi
+    done
+}
+
+# A long generation over 2 ranks; waits until it has produced text.
+start_long() {
+    "${MPIRUN[@]}" -np 2 $BIN generate --prompt "tessera-mpi-test-marker Once upon a time" \
+        --max-tokens 100000 --ignore-eos --temperature 0 --tp 2 --tp-backend mpi \
+        --tp-timeout 2 >"$tmp/long.out" 2>"$tmp/long.err" &
+    MPI_PID=$!
+    pids+=("$MPI_PID")
+    for _ in $(seq 1 300); do
+        [[ -s "$tmp/long.out" ]] && return 0
+        sleep 0.1
+    done
+    cat "$tmp/long.err"
+    fail "the long generation produced no text"
+}
+
+# Waits up to $1 seconds for mpirun to end; returns its exit status.
+wait_end() {
+    for _ in $(seq 1 $(($1 * 10))); do
+        if ! kill -0 "$MPI_PID" 2>/dev/null; then
+            wait "$MPI_PID" && return 0 || return $?
+        fi
+        sleep 0.1
+    done
+    fail "mpirun still running after $1 s"
+}
+
+start_long
+r0=$(rank_pid 0); r1=$(rank_pid 1)
+[[ -n "$r0" && -n "$r1" ]] || fail "cannot find the rank processes"
+echo "per-rank resident memory at R=2 (MPI), while generating:"
+for p in "$r0" "$r1"; do grep -E "VmRSS|VmHWM" "/proc/$p/status" | tr -s ' ' | sed "s/^/  pid $p: /"; done
+kill -STOP "$r1"
+t0=$(date +%s)
+status=0; wait_end 30 || status=$?
+kill -9 "$r1" 2>/dev/null || true
+elapsed=$(($(date +%s) - t0))
+((status != 0)) || fail "a stalled rank: mpirun exited 0"
+# Rank 0's own error must name rank 1 (mpirun may wake the stopped rank to end it, and that
+# rank then reports rank 0 gone, which is not what this checks).
+grep -q "rank(s) \[1\] did not answer" "$tmp/long.err" || { cat "$tmp/long.err"; fail "a stalled rank: rank 0 did not name rank 1"; }
+((elapsed <= 10)) || fail "a stalled rank: ${elapsed}s to end the job with a 2s timeout"
+echo "ok: stalled rank 1 -> job ended in ${elapsed}s (timeout 2s): $(grep -m1 'rank(s) \[1\]' "$tmp/long.err")"
+passed=$((passed + 1))
+
+start_long
+r1=$(rank_pid 1)
+[[ -n "$r1" ]] || fail "cannot find rank 1"
+kill -9 "$r1"
+t0=$(date +%s)
+status=0; wait_end 30 || status=$?
+elapsed=$(($(date +%s) - t0))
+((status != 0)) || fail "a killed rank: mpirun exited 0"
+grep -qiE "rank 1|rank \[?1\]?" "$tmp/long.err" || { cat "$tmp/long.err"; fail "a killed rank: no error naming rank 1"; }
+echo "ok: killed rank 1 -> job ended in ${elapsed}s: $(grep -m1 -iE 'rank 1' "$tmp/long.err")"
+passed=$((passed + 1))
+
+echo "$passed passed, 0 failed"

@@ -643,6 +643,33 @@ fn sub_batches_give_bitwise_the_same_logits() {
 }
 
 #[test]
+fn tensor_parallel_ranks_match_one_rank_on_a_tiny_model() {
+    // 4 heads in 2 KV groups and an MLP of 3 blocks: R = 2 splits everything evenly.
+    let dir = TempDir::new("tp");
+    let path = GgufParts::new(DType::F32, true).write_to(&dir.join("tiny.gguf"));
+    let tokens = prompt(21);
+    let one = logits_all(&load(&path, 1), &tokens);
+    for tp in [2, 3] {
+        let e = Engine::load_tp(
+            &path,
+            2,
+            Precision::Exact,
+            Planner::untuned(),
+            tp,
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap();
+        let got = e.logits_all(&tokens, None).unwrap().data;
+        let d = max_abs_diff(&got, &one);
+        assert!(d < 1e-4, "tp {tp}: logits differ by {d}");
+        assert!(
+            e.logits_all(&tokens, None).unwrap().data == got,
+            "tp {tp}: not reproducible"
+        );
+    }
+}
+
+#[test]
 fn chunked_prefill_matches_one_shot_bitwise() {
     let dir = TempDir::new("chunked");
     let path = GgufParts::new(DType::F32, true).write_to(&dir.join("tiny.gguf"));

@@ -112,3 +112,46 @@ fn sub_batches_under_tensor_parallelism_change_nothing() {
         common::assert_sub_batch_invariant(&mut e, &prompts);
     }
 }
+
+#[test]
+fn a_request_among_others_gets_its_tokens_alone_under_tensor_parallelism() {
+    use tessera_engine::{RequestEvent, StepEngine, KV_BLOCK_SIZE};
+    let e = engine(2, Precision::Fast);
+    let prompts: Vec<Vec<u32>> = golden_prompts().into_iter().map(|p| p.1).collect();
+    let reqs: Vec<GenerateRequest> = prompts
+        .iter()
+        .map(|p| GenerateRequest {
+            prompt_ids: p.clone(),
+            max_tokens: 10,
+            params: SamplingParams::greedy(),
+            ignore_eos: true,
+            ..Default::default()
+        })
+        .collect();
+    let run = |reqs: &[GenerateRequest]| -> Vec<Vec<u32>> {
+        let mut cfg = tessera_scheduler::SchedulerConfig::new(128, KV_BLOCK_SIZE);
+        cfg.max_num_batched_tokens = 48;
+        cfg.max_num_seqs = 8;
+        cfg.max_prefill_chunk = 16;
+        cfg.max_model_len = 512;
+        let mut steps = StepEngine::new(&e, cfg).unwrap();
+        for (i, r) in reqs.iter().enumerate() {
+            steps.submit(i as u64, r).unwrap();
+        }
+        let mut out = vec![vec![]; reqs.len()];
+        while steps.has_work() {
+            for (id, ev) in steps.step().events {
+                match ev {
+                    RequestEvent::Text { tokens, .. } => out[id as usize].extend(tokens),
+                    RequestEvent::Failed { message } => panic!("{message}"),
+                    _ => {}
+                }
+            }
+        }
+        out
+    };
+    let together = run(&reqs);
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(run(std::slice::from_ref(r))[0], together[i], "request {i}");
+    }
+}

@@ -22,7 +22,7 @@ fail() { echo "FAILED: $*" >&2; exit 1; }
 passed=0
 
 tokens=$($BIN tokenize "The capital of France is a city of" 2>/dev/null | tr -d '[] ')
-for r in 2 3; do
+for r in 2 3 4; do
     $BIN logits --tokens "$tokens" --tp "$r" 2>/dev/null >"$tmp/local.json"
     "${MPIRUN[@]}" -np "$r" $BIN logits --tokens "$tokens" --tp "$r" --tp-backend mpi \
         2>"$tmp/mpi.err" >"$tmp/mpi.json" || { cat "$tmp/mpi.err"; fail "mpirun logits, R=$r"; }

@@ -111,6 +111,10 @@ pub enum BenchCommand {
         /// run (e.g. 1,2); prints the share of the time spent in communication.
         #[arg(long, value_delimiter = ',', default_value = "1")]
         tp: Vec<usize>,
+        /// `local` (threads of this process) or `mpi` (run under `mpirun -np R`, one --tp
+        /// value, a build with --features mpi).
+        #[arg(long, default_value = "local")]
+        tp_backend: String,
     },
     /// Load generator for an OpenAI-compatible server (Tessera, llama-server, vLLM):
     /// streaming requests; TTFT, TPOT, latency, throughput and goodput.
@@ -271,6 +275,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             sub_batches,
             split_by,
             tp,
+            tp_backend,
         } => run_model(&ModelConfig {
             model,
             prompt_tokens,
@@ -285,6 +290,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             sub_batching: tessera_engine::SubBatching::new(sub_batches, split_by)
                 .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?,
             tp,
+            tp_backend: match tp_backend.as_str() {
+                "local" => tessera_engine::TpBackend::Local,
+                "mpi" => tessera_engine::TpBackend::Mpi,
+                o => anyhow::bail!("--tp-backend {o:?}: expected local or mpi"),
+            },
         }),
         BenchCommand::Serve {
             url,

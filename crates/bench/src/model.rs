@@ -27,6 +27,7 @@ pub struct ModelConfig {
     pub sub_batching: SubBatching,
     /// Tensor-parallel rank counts, each measured in turn.
     pub tp: Vec<usize>,
+    pub tp_backend: tessera_engine::TpBackend,
 }
 
 /// Index of the largest value (first on ties).
@@ -101,6 +102,9 @@ pub fn run_model(cfg: &ModelConfig) -> Result<()> {
     if cfg.tp.is_empty() || cfg.tp.contains(&0) {
         bail!("--tp needs positive rank counts");
     }
+    if cfg.tp_backend == tessera_engine::TpBackend::Mpi && cfg.tp.len() != 1 {
+        bail!("--tp-backend mpi measures the job's one rank count: give one --tp value");
+    }
     for &tp in &cfg.tp {
         run_one_tp(cfg, tp)?;
     }
@@ -109,12 +113,13 @@ pub fn run_model(cfg: &ModelConfig) -> Result<()> {
 
 fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
     let path = store::resolve_model(cfg.model.as_deref())?;
-    let mut engine = Engine::load_tp(
+    let mut engine = Engine::load_parallel(
         &path,
         cfg.threads,
         cfg.precision,
         tuning::load_planner(),
         tp,
+        cfg.tp_backend,
         std::time::Duration::from_secs(10),
     )?;
     engine.sub_batching = cfg.sub_batching;
@@ -198,7 +203,7 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
                 "path": path.display().to_string(),
                 "threads": cfg.threads,
                 "tp": tp,
-                "tp_backend": "local",
+                "tp_backend": format!("{:?}", cfg.tp_backend).to_lowercase(),
                 "pp_comm_share": fin(pc_med),
                 "tg_comm_share": fin(tc_med),
                 "precision": cfg.precision.to_string(),

@@ -47,9 +47,15 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     cv: Condvar,
+    /// Bumped on every arrival: waiters spin on it briefly before sleeping on `cv` (a decode
+    /// step's all-reduces are microseconds apart; a condvar wake-up costs more).
+    epoch: std::sync::atomic::AtomicU64,
     size: usize,
     timeout: Duration,
 }
+
+/// Spin iterations before a waiting rank sleeps (tens of microseconds).
+const SPIN_LIMIT: u32 = 1 << 15;
 
 /// One rank of a local group.
 pub struct LocalComm {
@@ -70,6 +76,7 @@ pub fn group(size: usize, timeout: Duration) -> Vec<LocalComm> {
             gone: vec![false; size],
         }),
         cv: Condvar::new(),
+        epoch: std::sync::atomic::AtomicU64::new(0),
         size,
         timeout,
     });
@@ -85,6 +92,9 @@ impl Drop for LocalComm {
     fn drop(&mut self) {
         let mut st = self.lock();
         st.gone[self.rank] = true;
+        self.shared
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         drop(st);
         self.shared.cv.notify_all();
     }
@@ -105,8 +115,12 @@ impl LocalComm {
     ) -> Result<MutexGuard<'a, State>, CommError> {
         let target = 2 * st.seq[self.rank] + phase + 1;
         st.progress[self.rank] = target;
+        self.shared
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         self.shared.cv.notify_all();
         let deadline = Instant::now() + self.shared.timeout;
+        let mut spun = false;
         loop {
             let missing: Vec<usize> = (0..self.shared.size)
                 .filter(|&r| st.progress[r] < target)
@@ -128,6 +142,23 @@ impl LocalComm {
                     op: op.name(),
                 });
             }
+            // First spin (lock released) until someone arrives, for a little while; then
+            // re-check under the lock; sleep only when a spin found nobody.
+            if !spun {
+                let seen = self.shared.epoch.load(std::sync::atomic::Ordering::Acquire);
+                drop(st);
+                let mut spins = 0u32;
+                while spins < SPIN_LIMIT
+                    && self.shared.epoch.load(std::sync::atomic::Ordering::Acquire) == seen
+                {
+                    std::hint::spin_loop();
+                    spins += 1;
+                }
+                spun = spins == SPIN_LIMIT;
+                st = self.lock();
+                continue;
+            }
+            spun = false;
             st = self
                 .shared
                 .cv

@@ -73,12 +73,14 @@ impl PeftConfig {
         }
         if let Some(t) = field("target_modules") {
             let names: Vec<&str> = match t {
-                Value::String(s) => return Err(bad(
-                    path,
-                    format!(
+                Value::String(s) => {
+                    return Err(bad(
+                        path,
+                        format!(
                         "target_modules as a pattern ({s:?}) is not supported; list the modules"
                     ),
-                )),
+                    ))
+                }
                 Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
                 _ => return Err(bad(path, "target_modules must be a list of module names")),
             };

@@ -124,6 +124,10 @@ pub struct TpGroup {
     broken: Option<String>,
     /// Seconds rank 0 spent in collectives since the last [`TpGroup::take_comm_secs`].
     comm_secs: f64,
+    /// Rank 0's first CPU, and the thread pinned to it: the thread that runs rank 0's steps
+    /// (the step engine's), pinned when it first does, so that loading pins nothing else.
+    cpu0: Option<usize>,
+    pinned: Option<std::thread::ThreadId>,
 }
 
 pub(crate) fn comm_err(e: CommError) -> Error {
@@ -258,9 +262,6 @@ impl TpGroup {
             comm: comm0,
             ..
         } = rank0;
-        if let Some(&c) = cpus0.first() {
-            pin_current_thread(c);
-        }
         let mut followers = Vec::new();
         for (i, (mut rank, rank_cpus)) in ranks.enumerate() {
             let (jobs, job_rx) = channel::<Order>();
@@ -315,6 +316,8 @@ impl TpGroup {
                 timeout,
                 broken: None,
                 comm_secs: 0.0,
+                cpu0: cpus0.first().copied(),
+                pinned: None,
             },
             model0,
             pool0,
@@ -336,8 +339,11 @@ impl TpGroup {
         layout: TpLayout,
         comm0: tessera_parallel::mpi::MpiComm,
         timeout: Duration,
+        cpu0: Option<usize>,
     ) -> Self {
         TpGroup {
+            cpu0,
+            pinned: None,
             layout,
             comm0: Box::new(comm0),
             mpi: Some(crate::tp_mpi::MpiLink::default()),
@@ -347,6 +353,7 @@ impl TpGroup {
             comm_secs: 0.0,
         }
     }
+
     pub fn layout(&self) -> &TpLayout {
         &self.layout
     }
@@ -400,6 +407,13 @@ impl TpGroup {
             return Err(Error::Other(format!(
                 "tensor parallelism has stopped: {why}"
             )));
+        }
+        if let Some(c) = self.cpu0 {
+            let me = std::thread::current().id();
+            if self.pinned != Some(me) {
+                pin_current_thread(c);
+                self.pinned = Some(me);
+            }
         }
         let n = self.followers.len() + 1;
         if kv.len() != n || ws.len() != n {

@@ -225,17 +225,17 @@ pub(crate) fn join(
     let pool = if cpus.is_empty() {
         ThreadPool::new(per)
     } else {
-        pin_current_thread(cpus[0]);
         ThreadPool::on_cpus(&cpus)
     };
     let shard = shard_files(files, &layout, rank)?;
     let model = LlamaModel::new_shard(&shard, precision, layout.ranks[rank].vocab.clone())?;
     if rank == 0 {
-        return Ok(MpiRole::Leader(
-            TpGroup::over_mpi(layout, comm, timeout),
-            model,
-            pool,
-        ));
+        let group = TpGroup::over_mpi(layout, comm, timeout, cpus.first().copied());
+        return Ok(MpiRole::Leader(group, model, pool));
+    }
+    // A follower's main thread runs its steps.
+    if let Some(&c) = cpus.first() {
+        pin_current_thread(c);
     }
     let planner = Planner::new(planner.profile.clone(), planner.cache.clone());
     let code = match follow(&model, &pool, &planner, precision, comm, &layout, files) {

@@ -20,48 +20,30 @@ use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{
-    shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, SubBatching, TpLayout,
-    Workspace,
+    shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, StageReduce, SubBatching,
+    TpLayout, Workspace,
 };
-use tessera_parallel::local::{self, LocalComm};
+use tessera_parallel::local;
+use tessera_parallel::overlap::CommThread;
 use tessera_parallel::{CommError, Communicator};
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
-/// A communicator that adds up the time spent in its collectives.
-struct TimedComm<'a> {
-    comm: &'a mut dyn Communicator,
-    secs: f64,
+/// A rank's communication thread as a pipelined forward uses it, adding up the time the rank
+/// waits for sums (the communication left exposed).
+struct Reducer<'a> {
+    comm: &'a mut CommThread,
+    secs: &'a mut f64,
 }
 
-impl Communicator for TimedComm<'_> {
-    fn rank(&self) -> usize {
-        self.comm.rank()
+impl StageReduce for Reducer<'_> {
+    fn start(&mut self, buf: &[f32]) -> Result<u64> {
+        self.comm.start_reduce(buf).map_err(comm_err)
     }
-    fn size(&self) -> usize {
-        self.comm.size()
-    }
-    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), CommError> {
-        let t = std::time::Instant::now();
-        let r = self.comm.all_reduce_sum(buf);
-        self.secs += t.elapsed().as_secs_f64();
+    fn finish(&mut self, t: u64, out: &mut [f32]) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        let r = self.comm.finish_reduce(t, out).map_err(comm_err);
+        *self.secs += t0.elapsed().as_secs_f64();
         r
-    }
-    fn all_gather(
-        &mut self,
-        mine: &[f32],
-        counts: &[usize],
-        out: &mut [f32],
-    ) -> Result<(), CommError> {
-        let t = std::time::Instant::now();
-        let r = self.comm.all_gather(mine, counts, out);
-        self.secs += t.elapsed().as_secs_f64();
-        r
-    }
-    fn broadcast(&mut self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError> {
-        self.comm.broadcast(root, buf)
-    }
-    fn barrier(&mut self) -> Result<(), CommError> {
-        self.comm.barrier()
     }
 }
 
@@ -71,7 +53,7 @@ struct Rank {
     pool: ThreadPool,
     planner: Planner,
     precision: Precision,
-    comm: LocalComm,
+    comm: CommThread,
 }
 
 /// What a follower is told to do.
@@ -114,7 +96,7 @@ struct Follower {
 pub struct TpGroup {
     layout: TpLayout,
     /// Rank 0's communicator (its model, units and planner are the engine's).
-    comm0: Box<dyn Communicator>,
+    comm0: CommThread,
     /// Over MPI: followers are other processes, told each step's work by broadcast.
     #[cfg(feature = "mpi")]
     mpi: Option<crate::tp_mpi::MpiLink>,
@@ -140,22 +122,29 @@ pub(crate) fn comm_err(e: CommError) -> Error {
 pub(crate) fn rank_forward(
     model: &LlamaModel,
     ctx: &ExecCtx,
-    comm: &mut dyn Communicator,
+    comm: &mut CommThread,
+    secs: &mut f64,
     batch: &BatchMeta,
     kv: &mut KvStorage,
     ws: &mut Workspace,
     split: SubBatching,
     layout: &TpLayout,
 ) -> Result<Logits> {
-    let local = model.forward_reduced(batch, kv, ws, ctx, split, &mut |buf| {
-        comm.all_reduce_sum(buf).map_err(comm_err)
-    })?;
+    let local = {
+        let mut reducer = Reducer {
+            comm: &mut *comm,
+            secs: &mut *secs,
+        };
+        model.forward_pipelined(batch, kv, ws, ctx, split, &mut reducer)?
+    };
+    let t0 = std::time::Instant::now();
     let rows = local.rows.len();
     let vocab = model.config.vocab_size;
     let counts: Vec<usize> = layout.ranks.iter().map(|r| rows * r.vocab.len()).collect();
     let mut gathered = vec![0f32; rows * vocab];
     comm.all_gather(local.data, &counts, &mut gathered)
         .map_err(comm_err)?;
+    *secs += t0.elapsed().as_secs_f64();
     {
         // Rank-major blocks of `rows × |vocab_r|` into row-major logits.
         let mut data = vec![0f32; rows * vocab];
@@ -191,10 +180,12 @@ impl Rank {
             precision: self.precision,
             adapters: &[],
         };
+        let mut secs = 0.0;
         rank_forward(
             &self.model,
             &ctx,
             &mut self.comm,
+            &mut secs,
             batch,
             kv,
             ws,
@@ -249,7 +240,9 @@ impl TpGroup {
                     pool,
                     planner: Planner::new(planner.profile.clone(), planner.cache.clone()),
                     precision,
-                    comm,
+                    comm: CommThread::spawn(Box::new(comm), &format!("tessera-comm-{r}")).map_err(
+                        |e| Error::Other(format!("starting a communication thread: {e}")),
+                    )?,
                 },
                 rank_cpus,
             ));
@@ -309,7 +302,7 @@ impl TpGroup {
         Ok((
             TpGroup {
                 layout,
-                comm0: Box::new(comm0),
+                comm0,
                 #[cfg(feature = "mpi")]
                 mpi: None,
                 followers,
@@ -345,7 +338,8 @@ impl TpGroup {
             cpu0,
             pinned: None,
             layout,
-            comm0: Box::new(comm0),
+            comm0: CommThread::spawn(Box::new(comm0), "tessera-comm-0")
+                .expect("starting the communication thread"),
             mpi: Some(crate::tp_mpi::MpiLink::default()),
             followers: Vec::new(),
             timeout,
@@ -374,7 +368,7 @@ impl TpGroup {
                 num_blocks,
             )?;
             kv.tag = link
-                .send_new_kv(&mut *self.comm0, block_size, num_blocks)
+                .send_new_kv(&mut self.comm0, block_size, num_blocks)
                 .map_err(comm_err)?;
             return Ok(vec![kv]);
         }
@@ -437,25 +431,23 @@ impl TpGroup {
         }
         #[cfg(feature = "mpi")]
         if let Some(link) = &mut self.mpi {
-            if let Err(e) = link.send_step(&mut *self.comm0, &batch, &kv[0], split) {
+            if let Err(e) = link.send_step(&mut self.comm0, &batch, &kv[0], split) {
                 return Err(self.fail(e.to_string()));
             }
         }
-        let mut timed = TimedComm {
-            comm: &mut *self.comm0,
-            secs: 0.0,
-        };
+        let mut secs = 0.0;
         let mine = rank_forward(
             model0,
             ctx0,
-            &mut timed,
+            &mut self.comm0,
+            &mut secs,
             &batch,
             &mut kv[0],
             &mut ws[0],
             split,
             &self.layout,
         );
-        self.comm_secs += timed.secs;
+        self.comm_secs += secs;
         let mut first_err: Option<String> = None;
         for (i, f) in self.followers.iter().enumerate() {
             // Bounded: a follower's collectives time out too, so it answers within about
@@ -524,7 +516,7 @@ impl Drop for TpGroup {
     fn drop(&mut self) {
         #[cfg(feature = "mpi")]
         if let Some(link) = &mut self.mpi {
-            link.send_shutdown(&mut *self.comm0);
+            link.send_shutdown(&mut self.comm0);
         }
         for f in &mut self.followers {
             // Closing the job channel ends the follower's loop.

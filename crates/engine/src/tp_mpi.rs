@@ -15,7 +15,7 @@ use tessera_model::{
     shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, LogitsFor, SeqChunk, SplitBy,
     SubBatching, TpLayout, Workspace,
 };
-use tessera_parallel::mpi::MpiComm;
+use tessera_parallel::overlap::CommThread;
 use tessera_parallel::{CommError, Communicator};
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
@@ -238,6 +238,8 @@ pub(crate) fn join(
         pin_current_thread(c);
     }
     let planner = Planner::new(planner.profile.clone(), planner.cache.clone());
+    let comm = CommThread::spawn(Box::new(comm), "tessera-comm")
+        .map_err(|e| Error::Other(format!("starting the communication thread: {e}")))?;
     let code = match follow(&model, &pool, &planner, precision, comm, &layout, files) {
         Ok(()) => 0,
         Err(e) => {
@@ -255,7 +257,7 @@ fn follow(
     pool: &ThreadPool,
     planner: &Planner,
     precision: Precision,
-    mut comm: MpiComm,
+    mut comm: CommThread,
     layout: &TpLayout,
     files: &ModelFiles,
 ) -> Result<()> {
@@ -272,7 +274,7 @@ fn follow(
     let mut ws = Workspace::new();
     loop {
         let mut msg = Vec::new();
-        comm.broadcast_unbounded(0, &mut msg)
+        comm.wait_broadcast(0, &mut msg)
             .map_err(|e| Error::Other(format!("waiting for rank 0: {e}")))?;
         match decode(&msg)? {
             Message::Shutdown => return Ok(()),
@@ -294,7 +296,10 @@ fn follow(
                         "rank 0 used unknown KV storage {tag}"
                     )));
                 };
-                match rank_forward(model, &ctx, &mut comm, &batch, kv, &mut ws, split, layout) {
+                let mut secs = 0.0;
+                match rank_forward(
+                    model, &ctx, &mut comm, &mut secs, &batch, kv, &mut ws, split, layout,
+                ) {
                     Ok(_) => {}
                     // The same on every rank, before any collective: rank 0 reports it.
                     Err(Error::Sequence { .. }) => {}

@@ -31,4 +31,5 @@ pub use linear::{DenseLinear, ExecCtx, Linear};
 pub use llama::LlamaModel;
 pub use prepared::{PreparedBatch, SubBatch};
 pub use shard::{shard_files, RankShard, TpLayout};
+pub use stages::StageReduce;
 pub use workspace::{StageScratch, Workspace};

@@ -20,6 +20,15 @@ use crate::llama::LlamaModel;
 use crate::prepared::{PreparedBatch, SubBatch};
 use crate::workspace::{take, StageScratch, Workspace};
 
+/// The ranks' communication as a pipelined forward uses it: sums it can start now and
+/// collect later (a communication thread, a DMA engine, a NIC).
+pub trait StageReduce {
+    /// Starts summing a copy of `buf` over the ranks; returns a ticket.
+    fn start(&mut self, buf: &[f32]) -> Result<u64>;
+    /// Waits for ticket `t`'s sum and writes it into `out`.
+    fn finish(&mut self, t: u64, out: &mut [f32]) -> Result<()>;
+}
+
 impl LlamaModel {
     /// Runs one step: stores the new tokens' K/V and returns the requested logits, with every
     /// layer's stages run over the sub-batches of `split` in turn.
@@ -74,6 +83,72 @@ impl LlamaModel {
                 reduce(out)?;
                 ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
             }
+        }
+        let r = self.logits_stage(ctx, ws)?;
+        Ok(self.logits_view(ws, r))
+    }
+
+    /// [`LlamaModel::forward_reduced`] with the all-reduces overlapped with compute: the
+    /// output of stage k on sub-batch i is handed to `comm` (which sums it over the ranks on
+    /// its own resource) while the rank computes stage k on sub-batch i + 1; stage k + 1 of
+    /// sub-batch i starts as soon as its sum has landed, chained through attention, MLP and
+    /// the next layer without a barrier per layer. The sums are the blocking path's, so the
+    /// logits are bitwise those of [`LlamaModel::forward_reduced`] for every sub-batching.
+    pub fn forward_pipelined<'w>(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut KvStorage,
+        ws: &'w mut Workspace,
+        ctx: &ExecCtx,
+        split: SubBatching,
+        comm: &mut dyn StageReduce,
+    ) -> Result<LogitsView<'w>> {
+        self.prepare(batch, kv, ws, ctx.adapters.len())?;
+        let m = ws.batch.num_rows();
+        let h = self.config.hidden_size;
+        if m == 0 {
+            return Ok(self.logits_view(ws, 0));
+        }
+        self.embed_stage(ctx, &ws.batch.tokens, take(&mut ws.x, m * h));
+        if self.vocab.len() != self.config.vocab_size {
+            let t = comm.start(&ws.x[..m * h])?;
+            comm.finish(t, &mut ws.x[..m * h])?;
+        }
+        take(&mut ws.delta, m * h);
+        let subs = ws.batch.sub_batches(split);
+        // The ticket of each sub-batch's reduction in flight.
+        let mut inflight: Vec<Option<u64>> = vec![None; subs.len()];
+        let land = |comm: &mut dyn StageReduce,
+                    t: Option<u64>,
+                    ws: &mut Workspace,
+                    rows: std::ops::Range<usize>|
+         -> Result<()> {
+            if let Some(t) = t {
+                comm.finish(t, &mut ws.delta[rows.clone()])?;
+                ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
+            }
+            Ok(())
+        };
+        for layer in 0..self.layers.len() {
+            for (i, sb) in subs.iter().enumerate() {
+                let rows = sb.rows.start * h..sb.rows.end * h;
+                // The previous layer's MLP sum of this sub-batch.
+                land(comm, inflight[i].take(), ws, rows.clone())?;
+                let out = &mut ws.delta[rows.clone()];
+                self.attention_stage(layer, &ws.batch, sb, &ws.x, kv, &mut ws.scratch, ctx, out)?;
+                inflight[i] = Some(comm.start(&ws.delta[rows])?);
+            }
+            for (i, sb) in subs.iter().enumerate() {
+                let rows = sb.rows.start * h..sb.rows.end * h;
+                land(comm, inflight[i].take(), ws, rows.clone())?;
+                let out = &mut ws.delta[rows.clone()];
+                self.mlp_stage(layer, sb, &ws.x, &mut ws.scratch, ctx, out)?;
+                inflight[i] = Some(comm.start(&ws.delta[rows])?);
+            }
+        }
+        for (i, sb) in subs.iter().enumerate() {
+            let rows = sb.rows.start * h..sb.rows.end * h;
+            land(comm, inflight[i].take(), ws, rows)?;
         }
         let r = self.logits_stage(ctx, ws)?;
         Ok(self.logits_view(ws, r))

@@ -12,6 +12,7 @@
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod overlap;
 
 use std::time::Duration;
 
@@ -61,6 +62,11 @@ pub trait Communicator: Send {
     /// Every rank's `buf` becomes rank `root`'s.
     fn broadcast(&mut self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError>;
     fn barrier(&mut self) -> Result<(), CommError>;
+    /// [`Communicator::broadcast`] without a deadline, for a rank idling until the next step
+    /// (which may come after any time). Backends without deadlines of their own keep this.
+    fn wait_broadcast(&mut self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError> {
+        self.broadcast(root, buf)
+    }
 }
 
 /// The sum of `parts` (one slice per rank, equal lengths) in rank order into `out`.

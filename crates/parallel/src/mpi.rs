@@ -286,4 +286,17 @@ impl Communicator for MpiComm {
     fn barrier(&mut self) -> Result<(), CommError> {
         self.exchange(Vec::new(), "barrier", true).map(|_| ())
     }
+
+    fn wait_broadcast(&mut self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError> {
+        let data = if self.rank == root {
+            buf.clone()
+        } else {
+            Vec::new()
+        };
+        let mut all = self.exchange(data, "broadcast", false)?;
+        if self.rank != root {
+            *buf = std::mem::take(&mut all[root]);
+        }
+        Ok(())
+    }
 }

@@ -31,7 +31,11 @@ for r in 2 3 4; do
     $BIN "${gen[@]}" 2>/dev/null >"$tmp/local.txt"
     "${MPIRUN[@]}" -np "$r" $BIN "${gen[@]}" --tp-backend mpi 2>/dev/null >"$tmp/mpi.txt"
     cmp -s "$tmp/local.txt" "$tmp/mpi.txt" || fail "R=$r: MPI greedy text differs"
-    echo "ok: R=$r MPI logits and greedy text bitwise equal to the local backend"
+    # Pipelined over sub-batches: the same logits again.
+    "${MPIRUN[@]}" -np "$r" $BIN logits --tokens "$tokens" --tp "$r" --tp-backend mpi \
+        --sub-batches 3 --split-by tokens 2>/dev/null >"$tmp/mpi3.json"
+    cmp -s "$tmp/local.json" "$tmp/mpi3.json" || fail "R=$r: 3 sub-batches over MPI change the logits"
+    echo "ok: R=$r MPI logits (1 and 3 sub-batches) and greedy text bitwise equal to the local backend"
     passed=$((passed + 1))
 done
 

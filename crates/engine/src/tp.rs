@@ -217,6 +217,14 @@ impl TpGroup {
                 Vec::new()
             }
         };
+        // Each rank's communication thread wants a core of its own; say when it must share.
+        if cpus.len() < size * (per_rank + 1) {
+            eprintln!(
+                "tensor parallelism: {size} ranks of {per_rank} compute unit(s) on {} CPUs; each \
+                 rank's communication thread shares a core with compute",
+                cpus.len()
+            );
+        }
         if cpus.len() < size * per_rank {
             tracing::warn!(
                 "{size} ranks of {per_rank} units need {} CPUs, {} are available: ranks share CPUs",

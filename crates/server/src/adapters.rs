@@ -31,6 +31,8 @@ pub struct AdapterRegistry {
     base: Arc<ModelConfig>,
     base_name: String,
     max_loras: usize,
+    /// Why adapters cannot be served at all (tensor parallelism), if so.
+    refused: Option<String>,
     state: Mutex<State>,
 }
 
@@ -43,11 +45,18 @@ pub struct AdapterInfo {
 }
 
 impl AdapterRegistry {
-    pub fn new(base: ModelConfig, base_name: &str, max_loras: usize) -> Self {
+    /// A registry for `base`; `refused` says why no adapter may be loaded (none: they may).
+    pub fn new(
+        base: ModelConfig,
+        base_name: &str,
+        max_loras: usize,
+        refused: Option<String>,
+    ) -> Self {
         AdapterRegistry {
             base: Arc::new(base),
             base_name: base_name.to_string(),
             max_loras: max_loras.max(1),
+            refused,
             state: Mutex::new(State::default()),
         }
     }
@@ -118,6 +127,9 @@ impl AdapterRegistry {
 
     /// Loads `name` from `path` at start-up (`--lora NAME=PATH`), on the calling thread.
     pub fn preload(&self, name: &str, path: &Path) -> Result<(), String> {
+        if let Some(why) = &self.refused {
+            return Err(format!("--lora {name}: {why}"));
+        }
         let mut st = self.lock();
         if name == self.base_name || st.entries.contains_key(name) {
             return Err(format!("--lora {name}: the name is taken"));
@@ -130,6 +142,9 @@ impl AdapterRegistry {
 
     /// Loads the adapter at `path` as `name` (`POST /v1/load_lora_adapter`).
     pub async fn load(&self, name: &str, path: &Path) -> Result<(), ApiError> {
+        if let Some(why) = &self.refused {
+            return Err(ApiError::invalid("lora_name", why.clone()));
+        }
         if name.is_empty() || name == self.base_name {
             return Err(ApiError::invalid(
                 "lora_name",

@@ -189,6 +189,20 @@ async fn a_dead_rank_fails_requests_naming_it_and_health_says_why() {
         )
         .await;
     assert_eq!(status, 200, "tensor-parallel serving works: {body}");
+    let (status, body) = s
+        .post(
+            "/v1/load_lora_adapter",
+            json!({"lora_name": "x", "lora_path": "/nonexistent"}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tensor parallelism"),
+        "{body}"
+    );
     let t0 = std::time::Instant::now();
     let (status, body) = s.post("/v1/completions", tokens(KILL_RANK, false)).await;
     assert_eq!(status, 500, "{body}");

@@ -14,6 +14,8 @@ use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
 use tessera_tokenizer::ChatMessage;
 
+mod serve;
+
 #[derive(Parser)]
 #[command(name = "tessera", version, about = "LLM inference and serving engine")]
 struct Cli {
@@ -22,7 +24,7 @@ struct Cli {
 }
 
 #[derive(clap::Args, Clone)]
-struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// GGUF file or Hugging Face model folder (default: the cached default model, fetched if missing).
     #[arg(long, global = true)]
     model: Option<PathBuf>,
@@ -127,54 +129,7 @@ enum Command {
     /// Fetch the default model into the user cache and verify it.
     Pull,
     /// Serve the model over an OpenAI-compatible HTTP API.
-    Serve {
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        #[arg(long, default_value_t = 8080)]
-        port: u16,
-        /// Require `Authorization: Bearer KEY` on every request.
-        #[arg(long)]
-        api_key: Option<String>,
-        /// Model name clients use (default: the model's name).
-        #[arg(long)]
-        served_model_name: Option<String>,
-        /// Most sequences decoding at once.
-        #[arg(long, default_value_t = 32)]
-        max_num_seqs: usize,
-        /// Token budget of one engine step (decodes plus prefill chunks). Small steps keep
-        /// time-to-first-token low while long prompts prefill; on a CPU the matrix products
-        /// are already efficient at this size.
-        #[arg(long, default_value_t = 128)]
-        max_batched_tokens: usize,
-        /// Longest prefill chunk of one sequence in one step.
-        #[arg(long, default_value_t = 64)]
-        max_prefill_chunk: usize,
-        /// Context length (default: the model's, at most 8192).
-        #[arg(long)]
-        max_model_len: Option<usize>,
-        /// KV cache size in blocks of 16 positions (default: from --kv-memory-mb).
-        #[arg(long)]
-        kv_blocks: Option<usize>,
-        /// KV cache memory budget when --kv-blocks is not given.
-        #[arg(long, default_value_t = 1024)]
-        kv_memory_mb: usize,
-        /// Most LoRA adapters resident at once; the least recently used is evicted beyond
-        /// (and reloaded from its file when asked for again).
-        #[arg(long, default_value_t = 8)]
-        max_loras: usize,
-        /// `mixed`: requests of different adapters share every step; `serial`: a step runs
-        /// one adapter's requests only, taking turns (llama.cpp's server; for comparison).
-        #[arg(long, default_value = "mixed")]
-        lora_batching: String,
-        /// Requests allowed to wait beyond the running ones; more get HTTP 503.
-        #[arg(long, default_value_t = 256)]
-        max_waiting: usize,
-        /// max_tokens when a request does not say.
-        #[arg(long, default_value_t = 256)]
-        default_max_tokens: usize,
-        #[command(flatten)]
-        model: ModelArgs,
-    },
+    Serve(serve::ServeArgs),
     /// Benchmarks: GEMM planner sweep, whole-model throughput.
     Bench {
         #[command(subcommand)]
@@ -242,7 +197,7 @@ fn adapter(args: &ModelArgs, engine: &Engine) -> Result<Option<std::sync::Arc<Lo
     Ok(Some(a))
 }
 
-fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
+pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
     let precision = match args.precision.as_deref() {
         None => default_precision,
         Some(s) => Precision::parse(s)
@@ -299,7 +254,7 @@ fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
 }
 
 /// The name clients use for the model: the file stem (or folder name) it was loaded from.
-fn default_model_name(args: &ModelArgs, engine: &Engine) -> String {
+pub(crate) fn default_model_name(args: &ModelArgs, engine: &Engine) -> String {
     args.model
         .as_ref()
         .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
@@ -453,71 +408,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("{} tuned plans saved to {}", cache.plans.len(), p.display());
         }
         Command::Bench { cmd } => tessera_bench::cli::run(cmd)?,
-        Command::Serve {
-            host,
-            port,
-            api_key,
-            served_model_name,
-            max_num_seqs,
-            max_batched_tokens,
-            max_prefill_chunk,
-            max_model_len,
-            kv_blocks,
-            kv_memory_mb,
-            max_waiting,
-            default_max_tokens,
-            max_loras,
-            lora_batching,
-            model,
-        } => {
-            let loras = tessera_server::adapters::parse_lora_flags(&model.lora)
-                .map_err(anyhow::Error::msg)?;
-            let serial = match lora_batching.as_str() {
-                "mixed" => false,
-                "serial" => true,
-                o => bail!("--lora-batching {o:?}: expected mixed or serial"),
-            };
-            let engine = load(&model, Precision::Fast)?;
-            let c = &engine.config;
-            let block = tessera_engine::KV_BLOCK_SIZE;
-            let bytes_per_block = 2 * c.n_layers * block * c.kv_dim() * 4;
-            let num_blocks = kv_blocks.unwrap_or((kv_memory_mb << 20) / bytes_per_block.max(1));
-            let max_model_len = max_model_len
-                .unwrap_or(c.max_position.min(8192))
-                .min(c.max_position);
-            let mut sched = tessera_scheduler::SchedulerConfig::new(num_blocks, block);
-            sched.max_num_seqs = max_num_seqs;
-            sched.max_num_batched_tokens = max_batched_tokens.max(max_num_seqs);
-            sched.max_prefill_chunk = max_prefill_chunk;
-            sched.max_model_len = max_model_len;
-            sched.max_waiting = max_waiting;
-            sched.adapter_serial = serial;
-            sched
-                .validate()
-                .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
-            eprintln!(
-                "KV cache: {num_blocks} blocks of {block} positions ({:.0} MB), context {max_model_len}",
-                (num_blocks * bytes_per_block) as f64 / 1e6
-            );
-            let name = served_model_name.unwrap_or_else(|| default_model_name(&model, &engine));
-            let addr: std::net::SocketAddr = format!("{host}:{port}")
-                .parse()
-                .with_context(|| format!("--host {host:?} --port {port}"))?;
-            let opts = tessera_server::ServeOptions {
-                addr,
-                model_name: name,
-                api_key,
-                scheduler: sched,
-                default_max_tokens,
-                loras,
-                max_loras,
-            };
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            rt.block_on(tessera_server::serve(engine, opts))?;
-        }
+        Command::Serve(args) => serve::run(args)?,
         Command::Pull => {
             let p = store::pull_default()?;
             println!("{}", p.display());

@@ -29,6 +29,18 @@ pub trait StageReduce {
     fn finish(&mut self, t: u64, out: &mut [f32]) -> Result<()>;
 }
 
+/// One rank holding everything: there is nothing to sum, each stage's output is final.
+struct NoReduce;
+
+impl StageReduce for NoReduce {
+    fn start(&mut self, _: &[f32]) -> Result<u64> {
+        Ok(0)
+    }
+    fn finish(&mut self, _: u64, _: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+}
+
 impl LlamaModel {
     /// Runs one step: stores the new tokens' K/V and returns the requested logits, with every
     /// layer's stages run over the sub-batches of `split` in turn.
@@ -40,60 +52,17 @@ impl LlamaModel {
         ctx: &ExecCtx,
         split: SubBatching,
     ) -> Result<LogitsView<'w>> {
-        self.forward_reduced(batch, kv, ws, ctx, split, &mut |_| Ok(()))
+        self.forward_pipelined(batch, kv, ws, ctx, split, &mut NoReduce)
     }
 
-    /// [`LlamaModel::forward`] for one rank of a tensor-parallel group: `reduce` sums a
-    /// buffer over the ranks (in place) and is called on the embedding rows and on every
-    /// stage's output for each sub-batch, before the residual add. The logits are this
-    /// rank's vocabulary rows.
-    pub fn forward_reduced<'w>(
-        &self,
-        batch: &BatchMeta,
-        kv: &mut KvStorage,
-        ws: &'w mut Workspace,
-        ctx: &ExecCtx,
-        split: SubBatching,
-        reduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
-    ) -> Result<LogitsView<'w>> {
-        self.prepare(batch, kv, ws, ctx.adapters.len())?;
-        let m = ws.batch.num_rows();
-        let h = self.config.hidden_size;
-        if m == 0 {
-            return Ok(self.logits_view(ws, 0));
-        }
-        self.embed_stage(ctx, &ws.batch.tokens, take(&mut ws.x, m * h));
-        if self.vocab.len() != self.config.vocab_size {
-            reduce(&mut ws.x[..m * h])?;
-        }
-        take(&mut ws.delta, m * h);
-        let subs = ws.batch.sub_batches(split);
-        for layer in 0..self.layers.len() {
-            for sb in &subs {
-                let rows = sb.rows.start * h..sb.rows.end * h;
-                let out = &mut ws.delta[rows.clone()];
-                self.attention_stage(layer, &ws.batch, sb, &ws.x, kv, &mut ws.scratch, ctx, out)?;
-                reduce(out)?;
-                ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
-            }
-            for sb in &subs {
-                let rows = sb.rows.start * h..sb.rows.end * h;
-                let out = &mut ws.delta[rows.clone()];
-                self.mlp_stage(layer, sb, &ws.x, &mut ws.scratch, ctx, out)?;
-                reduce(out)?;
-                ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
-            }
-        }
-        let r = self.logits_stage(ctx, ws)?;
-        Ok(self.logits_view(ws, r))
-    }
-
-    /// [`LlamaModel::forward_reduced`] with the all-reduces overlapped with compute: the
-    /// output of stage k on sub-batch i is handed to `comm` (which sums it over the ranks on
-    /// its own resource) while the rank computes stage k on sub-batch i + 1; stage k + 1 of
+    /// [`LlamaModel::forward`] for one rank of a tensor-parallel group, the all-reduces
+    /// overlapped with compute: the embedding rows and the output of stage k on sub-batch i
+    /// (before the residual add) are handed to `comm`, which sums them over the ranks on its
+    /// own resource while the rank computes stage k on sub-batch i + 1; stage k + 1 of
     /// sub-batch i starts as soon as its sum has landed, chained through attention, MLP and
-    /// the next layer without a barrier per layer. The sums are the blocking path's, so the
-    /// logits are bitwise those of [`LlamaModel::forward_reduced`] for every sub-batching.
+    /// the next layer without a barrier per layer. Each sum is the same whatever the order,
+    /// so the logits (this rank's vocabulary rows) are bitwise the same for every
+    /// sub-batching.
     pub fn forward_pipelined<'w>(
         &self,
         batch: &BatchMeta,

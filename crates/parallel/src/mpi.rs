@@ -271,16 +271,7 @@ impl Communicator for MpiComm {
     }
 
     fn broadcast(&mut self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError> {
-        let data = if self.rank == root {
-            buf.clone()
-        } else {
-            Vec::new()
-        };
-        let mut all = self.exchange(data, "broadcast", true)?;
-        if self.rank != root {
-            *buf = std::mem::take(&mut all[root]);
-        }
-        Ok(())
+        self.broadcast_with(root, buf, true)
     }
 
     fn barrier(&mut self) -> Result<(), CommError> {
@@ -288,12 +279,24 @@ impl Communicator for MpiComm {
     }
 
     fn wait_broadcast(&mut self, root: usize, buf: &mut Vec<u8>) -> Result<(), CommError> {
+        self.broadcast_with(root, buf, false)
+    }
+}
+
+impl MpiComm {
+    /// Rank `root`'s bytes on every rank, with or without the deadline.
+    fn broadcast_with(
+        &mut self,
+        root: usize,
+        buf: &mut Vec<u8>,
+        deadline: bool,
+    ) -> Result<(), CommError> {
         let data = if self.rank == root {
             buf.clone()
         } else {
             Vec::new()
         };
-        let mut all = self.exchange(data, "broadcast", false)?;
+        let mut all = self.exchange(data, "broadcast", deadline)?;
         if self.rank != root {
             *buf = std::mem::take(&mut all[root]);
         }

@@ -1,4 +1,4 @@
-//! `tessera bench <gemm|model|serve|make-adapters|plot-lora>`: argument definitions and the
+//! `tessera bench <gemm|model|serve|tp|make-adapters|plot-lora>`: argument definitions and the
 //! entry point.
 //!
 //! Wire into the main command as a variant `Bench { #[command(subcommand)] cmd: BenchCommand }`
@@ -101,9 +101,10 @@ pub enum BenchCommand {
         /// Seed of the random prompt.
         #[arg(long, default_value_t = 42)]
         seed: u64,
-        /// Run every layer's stages over this many sub-batches of each step.
-        #[arg(long, default_value_t = 1)]
-        sub_batches: usize,
+        /// Run every layer's stages over this many sub-batches of each step (default: chosen
+        /// per step by the step-time model under tensor parallelism, one otherwise).
+        #[arg(long)]
+        sub_batches: Option<usize>,
         /// How sub-batches are cut: sequence (whole sequences) or tokens.
         #[arg(long, default_value = "sequence")]
         split_by: tessera_engine::SplitBy,
@@ -211,6 +212,39 @@ pub enum BenchCommand {
         #[arg(long)]
         model: Option<PathBuf>,
     },
+    /// Sub-batch pipelining under tensor parallelism: for each step size and each
+    /// sub-batching (S = 1, 2, 4 by tokens and by sequence, and the step-time model's
+    /// choice), the step time, compute alone, communication alone and the share hidden.
+    Tp {
+        /// GGUF file or Hugging Face folder (default: $TESSERA_MODEL or the default model).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Compute threads in all (split over the ranks; default: all available cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long, value_enum, default_value = "fast")]
+        precision: PrecisionArg,
+        /// Tensor-parallel ranks.
+        #[arg(long, default_value_t = 2)]
+        tp: usize,
+        /// `local` (threads of this process) or `mpi` (run under `mpirun -np R`, a build with
+        /// --features mpi).
+        #[arg(long, default_value = "local")]
+        tp_backend: String,
+        /// Step sizes in tokens, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "16,64,256,1024")]
+        tokens: Vec<usize>,
+        /// Runs per measurement (the median is reported; halved from 512 tokens up).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// One JSON object per row (keys tokens, s, split, step_ms, compute_ms, comm_ms,
+        /// hidden, chosen, and the measured link).
+        #[arg(long)]
+        json: bool,
+        /// Free text copied into every JSON row (e.g. the link shaped by scripts/tp-netns.sh).
+        #[arg(long)]
+        label: Option<String>,
+    },
     /// Summarize a multi-LoRA benchmark (one JSON object per line, as written by
     /// scripts/bench-lora.sh): output tokens/s per adapter kind, batching and count, ratios
     /// to base-only and co-batching / serial; optionally an SVG chart.
@@ -287,8 +321,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             tg_after_prompt,
             warmup: !no_warmup,
             seed,
-            sub_batching: tessera_engine::SubBatching::new(sub_batches, split_by)
-                .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?,
+            sub_batching: match sub_batches {
+                None => tessera_engine::SubBatchPolicy::Auto,
+                Some(n) => tessera_engine::SubBatching::new(n, split_by)
+                    .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?
+                    .into(),
+            },
             tp,
             tp_backend: match tp_backend.as_str() {
                 "local" => tessera_engine::TpBackend::Local,
@@ -394,6 +432,31 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             seed,
             model,
         }),
+        BenchCommand::Tp {
+            model,
+            threads,
+            precision,
+            tp,
+            tp_backend,
+            tokens,
+            reps,
+            json,
+            label,
+        } => crate::tp::run_tp(&crate::tp::TpBenchConfig {
+            model,
+            threads: threads.unwrap_or_else(default_threads).max(1),
+            precision: precision.into(),
+            tp,
+            backend: match tp_backend.as_str() {
+                "local" => tessera_engine::TpBackend::Local,
+                "mpi" => tessera_engine::TpBackend::Mpi,
+                o => anyhow::bail!("--tp-backend {o:?}: expected local or mpi"),
+            },
+            tokens,
+            reps,
+            json,
+            label,
+        }),
         BenchCommand::PlotLora { file, out } => {
             crate::lora_report::run_plot_lora(&file, out.as_deref())
         }
@@ -401,221 +464,5 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: BenchCommand,
-    }
-
-    #[test]
-    fn gemm_defaults_and_lists() {
-        let c = Cli::parse_from(["x", "gemm"]);
-        match c.cmd {
-            BenchCommand::Gemm {
-                precision,
-                dtypes,
-                shapes,
-                m,
-                candidates,
-                plot,
-                ..
-            } => {
-                assert_eq!(precision, PrecisionArg::Fast);
-                assert_eq!(dtypes, vec!["f32", "q4_1", "q8_0"]);
-                assert_eq!(shapes, vec!["smollm", "llama7b"]);
-                assert_eq!(m, None);
-                assert_eq!(candidates, 8);
-                assert_eq!(plot, None);
-            }
-            _ => panic!("not gemm"),
-        }
-        let c = Cli::parse_from(["x", "gemm", "--m", "1,8", "--dtypes", "q4_1", "--plot"]);
-        match c.cmd {
-            BenchCommand::Gemm {
-                m, dtypes, plot, ..
-            } => {
-                assert_eq!(m, Some(vec![1, 8]));
-                assert_eq!(dtypes, vec!["q4_1"]);
-                assert_eq!(plot, Some(PathBuf::from("bench-gemm.svg")));
-            }
-            _ => panic!("not gemm"),
-        }
-    }
-
-    #[test]
-    fn model_defaults() {
-        let c = Cli::parse_from(["x", "model", "--precision", "exact"]);
-        match c.cmd {
-            BenchCommand::Model {
-                prompt_tokens,
-                gen_tokens,
-                reps,
-                precision,
-                ..
-            } => {
-                assert_eq!((prompt_tokens, gen_tokens, reps), (512, 128, 3));
-                assert_eq!(precision, PrecisionArg::Exact);
-            }
-            _ => panic!("not model"),
-        }
-    }
-
-    #[test]
-    fn serve_defaults_and_modes() {
-        let c = Cli::parse_from(["x", "serve", "--url", "http://h:1"]);
-        match c.cmd {
-            BenchCommand::Serve {
-                endpoint,
-                concurrency,
-                rate,
-                requests,
-                prompt_tokens,
-                output_tokens,
-                temperature,
-                slo_ttft_ms,
-                slo_tpot_ms,
-                ..
-            } => {
-                assert_eq!(endpoint, Endpoint::Completions);
-                assert_eq!((concurrency, rate, requests), (None, None, None));
-                assert_eq!((prompt_tokens, output_tokens), (100, 64));
-                assert_eq!(
-                    (temperature, slo_ttft_ms, slo_tpot_ms),
-                    (0.0, 1000.0, 100.0)
-                );
-            }
-            _ => panic!("not serve"),
-        }
-        let c = Cli::parse_from([
-            "x",
-            "serve",
-            "--url",
-            "u",
-            "--sweep",
-            "1,2,4",
-            "--endpoint",
-            "chat",
-            "--plot",
-        ]);
-        match c.cmd {
-            BenchCommand::Serve {
-                sweep,
-                endpoint,
-                plot,
-                ..
-            } => {
-                assert_eq!(sweep, Some(vec![1, 2, 4]));
-                assert_eq!(endpoint, Endpoint::Chat);
-                assert_eq!(plot, Some(PathBuf::from("bench-serve.svg")));
-            }
-            _ => panic!("not serve"),
-        }
-        assert!(
-            Cli::try_parse_from(["x", "serve", "--url", "u", "--sweep", "1", "--rate", "2"])
-                .is_err()
-        );
-        assert!(Cli::try_parse_from([
-            "x",
-            "serve",
-            "--url",
-            "u",
-            "--sweep",
-            "1",
-            "--concurrency",
-            "2"
-        ])
-        .is_err());
-        assert!(Cli::try_parse_from([
-            "x",
-            "serve",
-            "--url",
-            "u",
-            "--rate",
-            "2",
-            "--concurrency",
-            "4"
-        ])
-        .is_ok());
-    }
-
-    #[test]
-    fn serve_adapters_and_lora_tools() {
-        let c = Cli::parse_from(["x", "serve", "--url", "u"]);
-        match c.cmd {
-            BenchCommand::Serve { adapters, .. } => assert_eq!(adapters, None),
-            _ => panic!("not serve"),
-        }
-        let c = Cli::parse_from(["x", "serve", "--url", "u", "--adapters", "base,a0,a1"]);
-        match c.cmd {
-            BenchCommand::Serve { adapters, .. } => {
-                assert_eq!(
-                    adapters,
-                    Some(vec!["base".into(), "a0".into(), "a1".into()])
-                )
-            }
-            _ => panic!("not serve"),
-        }
-        assert!(Cli::try_parse_from([
-            "x",
-            "serve",
-            "--url",
-            "u",
-            "--adapters",
-            "a0",
-            "--model",
-            "m"
-        ])
-        .is_err());
-        let c = Cli::parse_from(["x", "make-adapters", "--out", "/tmp/a"]);
-        match c.cmd {
-            BenchCommand::MakeAdapters {
-                out,
-                count,
-                rank,
-                targets,
-                seed,
-                model,
-            } => {
-                assert_eq!(out, PathBuf::from("/tmp/a"));
-                assert_eq!((count, rank, seed), (1, 8, 42));
-                assert_eq!(targets, vec!["q", "v"]);
-                assert_eq!(model, None);
-            }
-            _ => panic!("not make-adapters"),
-        }
-        let c = Cli::parse_from([
-            "x",
-            "make-adapters",
-            "--out",
-            "d",
-            "--count",
-            "16",
-            "--rank",
-            "16",
-            "--targets",
-            "all",
-        ]);
-        match c.cmd {
-            BenchCommand::MakeAdapters {
-                count,
-                rank,
-                targets,
-                ..
-            } => assert_eq!((count, rank, targets), (16, 16, vec!["all".to_string()])),
-            _ => panic!("not make-adapters"),
-        }
-        assert!(Cli::try_parse_from(["x", "make-adapters"]).is_err());
-        let c = Cli::parse_from(["x", "plot-lora", "r.jsonl", "--out", "l.svg"]);
-        match c.cmd {
-            BenchCommand::PlotLora { file, out } => {
-                assert_eq!(file, PathBuf::from("r.jsonl"));
-                assert_eq!(out, Some(PathBuf::from("l.svg")));
-            }
-            _ => panic!("not plot-lora"),
-        }
-    }
-}
+#[path = "cli_tests.rs"]
+mod tests;

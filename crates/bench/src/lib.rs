@@ -26,3 +26,4 @@ pub mod plot;
 pub mod serve;
 pub mod serve_plot;
 pub mod stats;
+pub mod tp;

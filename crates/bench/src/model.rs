@@ -6,7 +6,7 @@ use anyhow::{bail, Result};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 use tessera_engine::generate::generate;
-use tessera_engine::{store, tuning, Engine, GenerateRequest, SamplingParams, SubBatching};
+use tessera_engine::{store, tuning, Engine, GenerateRequest, SamplingParams, SubBatchPolicy};
 use tessera_kernels::plan::Precision;
 
 use crate::stats::median;
@@ -24,7 +24,7 @@ pub struct ModelConfig {
     pub tg_after_prompt: bool,
     pub warmup: bool,
     pub seed: u64,
-    pub sub_batching: SubBatching,
+    pub sub_batching: SubBatchPolicy,
     /// Tensor-parallel rank counts, each measured in turn.
     pub tp: Vec<usize>,
     pub tp_backend: tessera_engine::TpBackend,
@@ -151,15 +151,17 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
         }
     };
     info(format!(
-        "model {} ({}, {:.1} MiB), {} threads, {tp} tensor-parallel rank(s), precision {}, isa {}, sub-batches {} by {}, loaded in {:.2} s",
+        "model {} ({}, {:.1} MiB), {} threads, {tp} tensor-parallel rank(s), precision {}, isa {}, sub-batches {}, loaded in {:.2} s",
         engine.name,
         path.display(),
         engine.weight_bytes as f64 / (1 << 20) as f64,
         cfg.threads,
         cfg.precision,
         tessera_engine::isa_name(),
-        cfg.sub_batching.count,
-        cfg.sub_batching.split,
+        match cfg.sub_batching {
+            SubBatchPolicy::Auto => "chosen per step".to_string(),
+            SubBatchPolicy::Fixed(s) => format!("{} by {}", s.count, s.split),
+        },
         engine.load_secs
     ));
     if let Some(w) = crate::stats::load_warning() {

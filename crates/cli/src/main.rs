@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand};
 use tessera_engine::engine::default_threads;
 use tessera_engine::generate::generate;
 use tessera_engine::request::LoraAdapter;
-use tessera_engine::{store, Engine, GenerateRequest, SamplingParams, SplitBy, SubBatching};
+use tessera_engine::{
+    store, Engine, GenerateRequest, SamplingParams, SplitBy, SubBatchPolicy, SubBatching,
+};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
 use tessera_tokenizer::ChatMessage;
@@ -38,10 +40,11 @@ pub(crate) struct ModelArgs {
     precision: Option<String>,
     /// Run every layer's attention and MLP stages over this many sub-batches of each step
     /// (the cut tensor parallelism overlaps communication on). Outputs do not change.
-    #[arg(long, global = true, default_value_t = 1)]
-    sub_batches: usize,
-    /// How sub-batches are cut: `sequence` (whole sequences) or `tokens` (near-equal token
-    /// counts, keeping whole tokens).
+    /// Default: chosen per step by the step-time model under `--tp`, one otherwise.
+    #[arg(long, global = true)]
+    sub_batches: Option<usize>,
+    /// How sub-batches are cut with `--sub-batches`: `sequence` (whole sequences) or
+    /// `tokens` (near-equal token counts, keeping whole tokens).
     #[arg(long, global = true, default_value = "sequence")]
     split_by: SplitBy,
     /// A LoRA adapter: a PEFT folder (adapter_config.json + adapter_model.safetensors) or a
@@ -208,8 +211,12 @@ pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Eng
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
-    let sub_batching = SubBatching::new(args.sub_batches, args.split_by)
-        .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?;
+    let sub_batching = match args.sub_batches {
+        None => SubBatchPolicy::Auto,
+        Some(n) => SubBatching::new(n, args.split_by)
+            .map_err(|e| anyhow::anyhow!("--sub-batches: {e}"))?
+            .into(),
+    };
     if args.tp == 0 {
         bail!("--tp must be at least 1");
     }

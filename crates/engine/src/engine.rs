@@ -16,7 +16,8 @@ use tessera_model::{
 use tessera_runtime::ThreadPool;
 use tessera_tokenizer::Tokenizer;
 
-use crate::tp::TpGroup;
+use crate::overlap_plan::{OverlapStats, SubBatchPolicy};
+use crate::tp::{StepMode, TpGroup};
 use crate::KV_BLOCK_SIZE;
 
 /// A test-only hook consulted before every step's forward (cargo feature `fault-injection`).
@@ -34,8 +35,9 @@ pub struct Engine {
     pub pool: ThreadPool,
     pub planner: Planner,
     pub precision: Precision,
-    /// How every forward cuts its rows into sub-batches (default: one).
-    pub sub_batching: SubBatching,
+    /// How every forward cuts its rows into sub-batches (default: chosen per step under
+    /// tensor parallelism, one otherwise).
+    pub sub_batching: SubBatchPolicy,
     /// Bytes of the weights as stored (mapped, not copied).
     pub weight_bytes: usize,
     pub load_secs: f64,
@@ -192,6 +194,16 @@ impl Engine {
                 TpGroup::new(&files, precision, &planner, tp, threads, tp_timeout)?;
             (model0, pool0, Some(Mutex::new(group)))
         };
+        if let Some(g) = &tp {
+            let ctx = ExecCtx {
+                pool: &pool,
+                planner: &planner,
+                precision,
+                adapters: &[],
+            };
+            let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
+            g.calibrate(&files.config, &model, &ctx)?;
+        }
         let ranks = tp
             .as_ref()
             .map_or(1, |g| g.lock().map_or(1, |g| g.local_ranks()));
@@ -204,7 +216,7 @@ impl Engine {
             pool,
             planner,
             precision,
-            sub_batching: SubBatching::WHOLE,
+            sub_batching: SubBatchPolicy::Auto,
             load_secs: t0.elapsed().as_secs_f64(),
             workspace: Mutex::new((0..ranks).map(|_| Workspace::new()).collect()),
             tp,
@@ -233,6 +245,22 @@ impl Engine {
         self.tp.as_ref().map_or(0.0, |g| {
             g.lock().unwrap_or_else(|e| e.into_inner()).take_comm_secs()
         })
+    }
+
+    /// The measured link, the step-time model's choices and its last prediction (empty
+    /// without tensor parallelism).
+    pub fn overlap_stats(&self) -> OverlapStats {
+        self.tp.as_ref().map_or_else(OverlapStats::default, |g| {
+            g.lock().unwrap_or_else(|e| e.into_inner()).overlap_stats()
+        })
+    }
+
+    /// The step-time model of this engine's tensor-parallel group (its measured link and
+    /// stage profile), if it has one.
+    pub fn step_model(&self) -> Option<tessera_sim::StepModel> {
+        let g = self.tp.as_ref()?;
+        let g = g.lock().unwrap_or_else(|e| e.into_inner());
+        g.step_model().cloned()
     }
 
     /// Test-only: makes tensor-parallel rank `rank` (1..) stall or die.
@@ -266,13 +294,30 @@ impl Engine {
         ws: &'w mut [Workspace],
         adapters: &[Arc<LoraAdapter>],
     ) -> Result<ForwardLogits<'w>> {
+        self.forward_mode(batch, kv, ws, adapters, StepMode::Full)
+    }
+
+    /// [`Engine::forward_ranks`] running `mode` (the benchmarks time compute and
+    /// communication apart; only [`StepMode::Full`] gives valid logits).
+    pub fn forward_mode<'w>(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut [KvStorage],
+        ws: &'w mut [Workspace],
+        adapters: &[Arc<LoraAdapter>],
+        mode: StepMode,
+    ) -> Result<ForwardLogits<'w>> {
         match &self.tp {
             None => {
                 let (Some(kv), Some(ws)) = (kv.first_mut(), ws.first_mut()) else {
                     return Err(tessera_core::Error::Other("no KV storage".into()));
                 };
                 let ctx = self.ctx_with(adapters);
-                let v = self.model.forward(batch, kv, ws, &ctx, self.sub_batching)?;
+                let split = match self.sub_batching {
+                    SubBatchPolicy::Fixed(s) => s,
+                    SubBatchPolicy::Auto => SubBatching::WHOLE,
+                };
+                let v = self.model.forward(batch, kv, ws, &ctx, split)?;
                 Ok(ForwardLogits::View(v))
             }
             Some(g) => {
@@ -282,10 +327,25 @@ impl Engine {
                     ));
                 }
                 let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
-                let l = g.forward(&self.model, &self.ctx(), batch, kv, ws, self.sub_batching)?;
+                let split = g.choose(batch, self.sub_batching);
+                let l = g.forward(&self.model, &self.ctx(), batch, kv, ws, split, mode)?;
                 Ok(ForwardLogits::Owned(l))
             }
         }
+    }
+
+    /// Seconds of one step of `batch` over every rank's `kv` under `mode`, on the engine's
+    /// own workspaces (benchmarks).
+    pub fn time_step(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut [KvStorage],
+        mode: StepMode,
+    ) -> Result<f64> {
+        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let t0 = Instant::now();
+        self.forward_mode(batch, kv, &mut ws, &[], mode)?;
+        Ok(t0.elapsed().as_secs_f64())
     }
 
     /// One forward of `batch` over `kv` with the engine's sub-batching, its logits copied out

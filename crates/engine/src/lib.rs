@@ -6,6 +6,7 @@
 pub mod engine;
 pub mod generate;
 mod live;
+pub mod overlap_plan;
 pub mod perplexity;
 pub mod request;
 pub mod sampling;
@@ -15,16 +16,19 @@ pub mod store;
 pub mod tp;
 #[cfg(feature = "mpi")]
 mod tp_mpi;
+mod tp_rank;
 pub mod tune;
 pub mod tuning;
 
 pub use engine::{Engine, TpBackend};
 pub use generate::GenerationStats;
 pub use live::token_logprob;
+pub use overlap_plan::{OverlapStats, SubBatchPolicy};
 pub use request::{FinishReason, GenerateRequest, RequestEvent, SubmitError, TokenLogprob};
 pub use sampling::{Sampler, SamplingParams};
 pub use step::{StepEngine, StepOutcome};
 pub use tessera_model::{SplitBy, SubBatching};
+pub use tp::StepMode;
 
 /// KV positions per block, everywhere: the step engines, one-off forwards and `serve`.
 pub const KV_BLOCK_SIZE: usize = 16;

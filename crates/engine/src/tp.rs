@@ -20,32 +20,21 @@ use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{
-    shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, StageReduce, SubBatching,
-    TpLayout, Workspace,
+    shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, SubBatching, TpLayout,
+    Workspace,
 };
+use tessera_parallel::link::{self, CommCost, MEASURE_SIZES};
 use tessera_parallel::local;
 use tessera_parallel::overlap::CommThread;
-use tessera_parallel::{CommError, Communicator};
+
+use crate::overlap_plan::{self, OverlapPlanner, OverlapStats, SubBatchPolicy};
+pub(crate) use crate::tp_rank::comm_err;
+use crate::tp_rank::rank_forward;
+pub use crate::tp_rank::StepMode;
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
-/// A rank's communication thread as a pipelined forward uses it, adding up the time the rank
-/// waits for sums (the communication left exposed).
-struct Reducer<'a> {
-    comm: &'a mut CommThread,
-    secs: &'a mut f64,
-}
-
-impl StageReduce for Reducer<'_> {
-    fn start(&mut self, buf: &[f32]) -> Result<u64> {
-        self.comm.start_reduce(buf).map_err(comm_err)
-    }
-    fn finish(&mut self, t: u64, out: &mut [f32]) -> Result<()> {
-        let t0 = std::time::Instant::now();
-        let r = self.comm.finish_reduce(t, out).map_err(comm_err);
-        *self.secs += t0.elapsed().as_secs_f64();
-        r
-    }
-}
+/// Repetitions of each size in the start-up link measurement.
+pub(crate) const LINK_REPS: usize = 5;
 
 /// One rank's means: its shard, compute units, planner and communicator.
 struct Rank {
@@ -79,6 +68,7 @@ struct Job {
     kv: KvStorage,
     ws: Workspace,
     split: SubBatching,
+    mode: StepMode,
 }
 
 struct Done {
@@ -95,6 +85,10 @@ struct Follower {
 
 pub struct TpGroup {
     layout: TpLayout,
+    /// The all-reduce cost measured at start-up.
+    link: CommCost,
+    /// The step-time model choosing each step's sub-batching (after [`TpGroup::calibrate`]).
+    overlap: Option<OverlapPlanner>,
     /// Rank 0's communicator (its model, units and planner are the engine's).
     comm0: CommThread,
     /// Over MPI: followers are other processes, told each step's work by broadcast.
@@ -112,59 +106,6 @@ pub struct TpGroup {
     pinned: Option<std::thread::ThreadId>,
 }
 
-pub(crate) fn comm_err(e: CommError) -> Error {
-    Error::Other(format!("tensor parallelism: {e}"))
-}
-
-/// One rank's forward of `batch` and its share of the logits gather: the whole vocabulary's
-/// logits on every rank.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn rank_forward(
-    model: &LlamaModel,
-    ctx: &ExecCtx,
-    comm: &mut CommThread,
-    secs: &mut f64,
-    batch: &BatchMeta,
-    kv: &mut KvStorage,
-    ws: &mut Workspace,
-    split: SubBatching,
-    layout: &TpLayout,
-) -> Result<Logits> {
-    let local = {
-        let mut reducer = Reducer {
-            comm: &mut *comm,
-            secs: &mut *secs,
-        };
-        model.forward_pipelined(batch, kv, ws, ctx, split, &mut reducer)?
-    };
-    let t0 = std::time::Instant::now();
-    let rows = local.rows.len();
-    let vocab = model.config.vocab_size;
-    let counts: Vec<usize> = layout.ranks.iter().map(|r| rows * r.vocab.len()).collect();
-    let mut gathered = vec![0f32; rows * vocab];
-    comm.all_gather(local.data, &counts, &mut gathered)
-        .map_err(comm_err)?;
-    *secs += t0.elapsed().as_secs_f64();
-    {
-        // Rank-major blocks of `rows × |vocab_r|` into row-major logits.
-        let mut data = vec![0f32; rows * vocab];
-        let mut at = 0;
-        for r in &layout.ranks {
-            let w = r.vocab.len();
-            for i in 0..rows {
-                data[i * vocab + r.vocab.start..i * vocab + r.vocab.end]
-                    .copy_from_slice(&gathered[at + i * w..at + (i + 1) * w]);
-            }
-            at += rows * w;
-        }
-        Ok(Logits {
-            vocab,
-            data,
-            rows: local.rows.to_vec(),
-        })
-    }
-}
-
 impl Rank {
     fn forward(
         &mut self,
@@ -172,6 +113,7 @@ impl Rank {
         kv: &mut KvStorage,
         ws: &mut Workspace,
         split: SubBatching,
+        mode: StepMode,
         layout: &TpLayout,
     ) -> Result<Logits> {
         let ctx = ExecCtx {
@@ -190,6 +132,7 @@ impl Rank {
             kv,
             ws,
             split,
+            mode,
             layout,
         )
     }
@@ -274,6 +217,10 @@ impl TpGroup {
                     if let Some(&c) = rank_cpus.first() {
                         pin_current_thread(c);
                     }
+                    // The start-up link measurement, a collective rank 0 makes too.
+                    if link::measure(&mut rank.comm, &MEASURE_SIZES, LINK_REPS).is_err() {
+                        return;
+                    }
                     while let Ok(order) = job_rx.recv() {
                         let mut job = match order {
                             Order::Step(job) => job,
@@ -286,7 +233,14 @@ impl TpGroup {
                             Order::Fault(RankFault::Die) => panic!("injected death of a rank"),
                         };
                         let result = rank
-                            .forward(&job.batch, &mut job.kv, &mut job.ws, job.split, &layout)
+                            .forward(
+                                &job.batch,
+                                &mut job.kv,
+                                &mut job.ws,
+                                job.split,
+                                job.mode,
+                                &layout,
+                            )
                             .map(|_| ());
                         if done_tx
                             .send(Done {
@@ -307,8 +261,12 @@ impl TpGroup {
                 handle: Some(handle),
             });
         }
+        let mut comm0 = comm0;
+        let points = link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS).map_err(comm_err)?;
         Ok((
             TpGroup {
+                link: CommCost::fit(&points),
+                overlap: None,
                 layout,
                 comm0,
                 #[cfg(feature = "mpi")]
@@ -341,19 +299,23 @@ impl TpGroup {
         comm0: tessera_parallel::mpi::MpiComm,
         timeout: Duration,
         cpu0: Option<usize>,
-    ) -> Self {
-        TpGroup {
+    ) -> Result<Self> {
+        let mut comm0 = CommThread::spawn(Box::new(comm0), "tessera-comm-0")
+            .map_err(|e| Error::Other(format!("starting the communication thread: {e}")))?;
+        let points = link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS).map_err(comm_err)?;
+        Ok(TpGroup {
+            link: CommCost::fit(&points),
+            overlap: None,
             cpu0,
             pinned: None,
             layout,
-            comm0: CommThread::spawn(Box::new(comm0), "tessera-comm-0")
-                .expect("starting the communication thread"),
+            comm0,
             mpi: Some(crate::tp_mpi::MpiLink::default()),
             followers: Vec::new(),
             timeout,
             broken: None,
             comm_secs: 0.0,
-        }
+        })
     }
 
     pub fn layout(&self) -> &TpLayout {
@@ -404,6 +366,7 @@ impl TpGroup {
         kv: &mut [KvStorage],
         ws: &mut [Workspace],
         split: SubBatching,
+        mode: StepMode,
     ) -> Result<Logits> {
         if let Some(why) = &self.broken {
             return Err(Error::Other(format!(
@@ -432,6 +395,7 @@ impl TpGroup {
                 kv: std::mem::take(&mut kv[i + 1]),
                 ws: std::mem::take(&mut ws[i + 1]),
                 split,
+                mode,
             };
             if f.jobs.send(Order::Step(job)).is_err() {
                 return Err(self.fail(format!("rank {} has stopped", i + 1)));
@@ -439,7 +403,7 @@ impl TpGroup {
         }
         #[cfg(feature = "mpi")]
         if let Some(link) = &mut self.mpi {
-            if let Err(e) = link.send_step(&mut self.comm0, &batch, &kv[0], split) {
+            if let Err(e) = link.send_step(&mut self.comm0, &batch, &kv[0], split, mode) {
                 return Err(self.fail(e.to_string()));
             }
         }
@@ -453,6 +417,7 @@ impl TpGroup {
             &mut kv[0],
             &mut ws[0],
             split,
+            mode,
             &self.layout,
         );
         self.comm_secs += secs;
@@ -491,6 +456,46 @@ impl TpGroup {
             (Err(e), _) => Err(e),
             (Ok(_), Some(e)) => Err(Error::Other(e)),
         }
+    }
+
+    /// Times rank 0's stages (`model0` on `ctx0`) and builds the step-time model that
+    /// chooses each step's sub-batching from them and the measured link.
+    pub fn calibrate(
+        &mut self,
+        config: &tessera_formats::ModelConfig,
+        model0: &LlamaModel,
+        ctx0: &ExecCtx,
+    ) -> Result<()> {
+        let profile = overlap_plan::measure_profile(model0, ctx0)?;
+        let model = overlap_plan::step_model(config, self.size(), profile, self.link);
+        self.overlap = Some(OverlapPlanner::new(model));
+        Ok(())
+    }
+
+    /// The sub-batching of `batch` under `policy` (the step-time model's choice for
+    /// [`SubBatchPolicy::Auto`]).
+    pub fn choose(&mut self, batch: &BatchMeta, policy: SubBatchPolicy) -> SubBatching {
+        match (&mut self.overlap, policy) {
+            (Some(p), _) => p.choose(batch, policy),
+            (None, SubBatchPolicy::Fixed(s)) => s,
+            (None, SubBatchPolicy::Auto) => SubBatching::WHOLE,
+        }
+    }
+
+    /// The measured link, the step-time model and the choices made so far.
+    pub fn overlap_stats(&self) -> OverlapStats {
+        self.overlap.as_ref().map_or_else(
+            || OverlapStats {
+                link: Some(self.link),
+                ..OverlapStats::default()
+            },
+            OverlapPlanner::stats,
+        )
+    }
+
+    /// The step-time model, once calibrated.
+    pub fn step_model(&self) -> Option<&tessera_sim::StepModel> {
+        self.overlap.as_ref().map(|p| &p.model)
     }
 
     /// Why the group stopped, if a rank failed.

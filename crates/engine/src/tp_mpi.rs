@@ -19,7 +19,8 @@ use tessera_parallel::overlap::CommThread;
 use tessera_parallel::{CommError, Communicator};
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
-use crate::tp::{rank_forward, TpGroup};
+use crate::tp::TpGroup;
+use crate::tp_rank::{rank_forward, StepMode};
 
 const STEP: u8 = 1;
 const NEW_KV: u8 = 2;
@@ -39,8 +40,9 @@ impl MpiLink {
         batch: &BatchMeta,
         kv: &KvStorage,
         split: SubBatching,
+        mode: StepMode,
     ) -> Result<(), CommError> {
-        let mut msg = encode_step(batch, kv.tag, split);
+        let mut msg = encode_step(batch, kv.tag, split, mode);
         comm.broadcast(0, &mut msg)
     }
 
@@ -74,9 +76,10 @@ fn put64(v: &mut Vec<u8>, x: u64) {
     v.extend_from_slice(&x.to_le_bytes());
 }
 
-fn encode_step(batch: &BatchMeta, tag: u64, split: SubBatching) -> Vec<u8> {
+fn encode_step(batch: &BatchMeta, tag: u64, split: SubBatching, mode: StepMode) -> Vec<u8> {
     let mut m = vec![STEP];
     put64(&mut m, tag);
+    m.push(mode.code());
     put32(&mut m, split.count as u32);
     m.push(matches!(split.split, SplitBy::Tokens) as u8);
     put32(&mut m, batch.seqs.len() as u32);
@@ -127,6 +130,7 @@ impl Reader<'_> {
 enum Message {
     Step {
         tag: u64,
+        mode: StepMode,
         split: SubBatching,
         batch: BatchMeta,
     },
@@ -143,6 +147,7 @@ fn decode(msg: &[u8]) -> Result<Message> {
     match r.u8()? {
         STEP => {
             let tag = r.u64()?;
+            let mode = StepMode::from_code(r.u8()?)?;
             let count = r.u32()? as usize;
             let split = if r.u8()? == 1 {
                 SplitBy::Tokens
@@ -164,6 +169,7 @@ fn decode(msg: &[u8]) -> Result<Message> {
             }
             Ok(Message::Step {
                 tag,
+                mode,
                 split: SubBatching::new(count, split).map_err(Error::Other)?,
                 batch: BatchMeta { seqs },
             })
@@ -230,7 +236,7 @@ pub(crate) fn join(
     let shard = shard_files(files, &layout, rank)?;
     let model = LlamaModel::new_shard(&shard, precision, layout.ranks[rank].vocab.clone())?;
     if rank == 0 {
-        let group = TpGroup::over_mpi(layout, comm, timeout, cpus.first().copied());
+        let group = TpGroup::over_mpi(layout, comm, timeout, cpus.first().copied())?;
         return Ok(MpiRole::Leader(group, model, pool));
     }
     // A follower's main thread runs its steps.
@@ -238,8 +244,15 @@ pub(crate) fn join(
         pin_current_thread(c);
     }
     let planner = Planner::new(planner.profile.clone(), planner.cache.clone());
-    let comm = CommThread::spawn(Box::new(comm), "tessera-comm")
+    let mut comm = CommThread::spawn(Box::new(comm), "tessera-comm")
         .map_err(|e| Error::Other(format!("starting the communication thread: {e}")))?;
+    // The start-up link measurement, a collective rank 0 makes too.
+    tessera_parallel::link::measure(
+        &mut comm,
+        &tessera_parallel::link::MEASURE_SIZES,
+        crate::tp::LINK_REPS,
+    )
+    .map_err(crate::tp::comm_err)?;
     let code = match follow(&model, &pool, &planner, precision, comm, &layout, files) {
         Ok(()) => 0,
         Err(e) => {
@@ -290,7 +303,12 @@ fn follow(
                     kvs.remove(0);
                 }
             }
-            Message::Step { tag, split, batch } => {
+            Message::Step {
+                tag,
+                mode,
+                split,
+                batch,
+            } => {
                 let Some(kv) = kvs.iter_mut().find(|k| k.tag == tag) else {
                     return Err(Error::Other(format!(
                         "rank 0 used unknown KV storage {tag}"
@@ -298,7 +316,7 @@ fn follow(
                 };
                 let mut secs = 0.0;
                 match rank_forward(
-                    model, &ctx, &mut comm, &mut secs, &batch, kv, &mut ws, split, layout,
+                    model, &ctx, &mut comm, &mut secs, &batch, kv, &mut ws, split, mode, layout,
                 ) {
                     Ok(_) => {}
                     // The same on every rank, before any collective: rank 0 reports it.

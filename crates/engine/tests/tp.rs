@@ -155,3 +155,59 @@ fn a_request_among_others_gets_its_tokens_alone_under_tensor_parallelism() {
         assert_eq!(run(std::slice::from_ref(r))[0], together[i], "request {i}");
     }
 }
+
+/// The step-time model chooses a sub-batching per step (counted in the overlap stats), the
+/// chosen step's logits are bitwise those of one sub-batch, and the benchmarks' compute-only
+/// and communication-only steps run on every rank without disturbing the next real step.
+#[test]
+fn the_per_step_choice_and_the_timing_modes_change_no_result() {
+    use tessera_engine::{StepMode, SubBatchPolicy, SubBatching, KV_BLOCK_SIZE};
+    use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
+    let mut e = engine(2, Precision::Fast);
+    let stats = e.overlap_stats();
+    let link = stats.link.expect("the link is measured at start-up");
+    assert!(
+        link.latency_s >= 0.0 && link.secs_per_byte >= 0.0,
+        "{link:?}"
+    );
+    assert!(e.step_model().is_some());
+    let lens = [40usize, 3, 70, 1];
+    let blocks: usize = lens.iter().map(|n| n.div_ceil(KV_BLOCK_SIZE)).sum();
+    let mut next = 0u32;
+    let batch = BatchMeta {
+        seqs: lens
+            .iter()
+            .map(|&n| {
+                let b = n.div_ceil(KV_BLOCK_SIZE) as u32;
+                let table = (next..next + b).collect();
+                next += b;
+                let toks = (0..n as u32).map(|i| 100 + i * 13 % 900).collect();
+                SeqChunk::new(toks, 0, table, LogitsFor::All)
+            })
+            .collect(),
+    };
+    let mut run = |e: &mut Engine, policy: SubBatchPolicy| {
+        e.sub_batching = policy;
+        let mut kv = e.new_kv(KV_BLOCK_SIZE, blocks).unwrap();
+        for mode in [StepMode::ComputeOnly, StepMode::CommOnly] {
+            e.time_step(&batch, &mut kv, mode).unwrap();
+        }
+        e.forward_kv(&batch, &mut kv).unwrap()
+    };
+    let whole = run(&mut e, SubBatching::WHOLE.into());
+    let auto = run(&mut e, SubBatchPolicy::Auto);
+    assert_eq!(whole.rows, auto.rows);
+    assert!(
+        whole
+            .data
+            .iter()
+            .zip(&auto.data)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "the chosen sub-batching changed the logits"
+    );
+    let stats = e.overlap_stats();
+    let steps: u64 = stats.choices.iter().map(|c| c.1).sum();
+    assert_eq!(steps, 6, "every step counted: {:?}", stats.choices);
+    let (_, est) = stats.last.expect("a prediction for the last step");
+    assert!(est.step > 0.0 && est.step >= est.compute.max(est.comm) * 0.999);
+}

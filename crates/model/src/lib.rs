@@ -17,6 +17,7 @@ pub mod kv;
 pub mod linear;
 pub mod llama;
 pub mod prepared;
+pub mod profile;
 pub mod rope;
 pub mod shard;
 pub mod stages;

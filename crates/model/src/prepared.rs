@@ -153,42 +153,8 @@ impl PreparedBatch {
     /// once in order. `Sequence` cuts only between sequences, as near as possible to equal
     /// token counts; `Tokens` cuts into near-equal token counts anywhere between rows.
     pub fn split(&self, spec: SubBatching) -> Vec<Range<usize>> {
-        let m = self.num_rows();
-        let count = spec.count.max(1);
-        if m == 0 {
-            return vec![];
-        }
-        let mut cuts = vec![0];
-        match spec.split {
-            SplitBy::Tokens => {
-                for u in 0..count {
-                    let r = split_range(m, count, u);
-                    if !r.is_empty() {
-                        cuts.push(r.end);
-                    }
-                }
-            }
-            SplitBy::Sequence => {
-                // Cut at the sequence boundary nearest each ideal cut k·m/count, keeping the
-                // cuts increasing.
-                let bounds: Vec<usize> = self.seqs.iter().map(|s| s.rows.end).collect();
-                for k in 1..count {
-                    let ideal = k * m / count;
-                    let last = *cuts.last().expect("starts with 0");
-                    let best = bounds
-                        .iter()
-                        .copied()
-                        .filter(|&b| b > last && b < m)
-                        .min_by_key(|&b| b.abs_diff(ideal));
-                    if let Some(b) = best {
-                        cuts.push(b);
-                    }
-                }
-                cuts.push(m);
-            }
-        }
-        cuts.dedup();
-        cuts.windows(2).map(|w| w[0]..w[1]).collect()
+        let lens: Vec<usize> = self.seqs.iter().map(|s| s.rows.len()).collect();
+        split_rows(&lens, spec)
     }
 
     /// The sub-batches of `spec`, each with its adapter segments.
@@ -217,6 +183,56 @@ impl PreparedBatch {
         }
         out
     }
+}
+
+/// Row ranges of the sub-batches of a step whose sequences have `seq_rows` rows each, in
+/// order: at most `spec.count`, never empty, covering every row once in order. `Sequence`
+/// cuts only between sequences, as near as possible to equal token counts; `Tokens` cuts
+/// into near-equal token counts anywhere between rows. (The engine's overlap planner calls
+/// this on a step before it is prepared, so its predictions are of the real cuts.)
+pub fn split_rows(seq_rows: &[usize], spec: SubBatching) -> Vec<Range<usize>> {
+    let m: usize = seq_rows.iter().sum();
+    let count = spec.count.max(1);
+    if m == 0 {
+        return vec![];
+    }
+    let mut cuts = vec![0];
+    match spec.split {
+        SplitBy::Tokens => {
+            for u in 0..count {
+                let r = split_range(m, count, u);
+                if !r.is_empty() {
+                    cuts.push(r.end);
+                }
+            }
+        }
+        SplitBy::Sequence => {
+            // Cut at the sequence boundary nearest each ideal cut k·m/count, keeping the
+            // cuts increasing.
+            let bounds: Vec<usize> = seq_rows
+                .iter()
+                .scan(0, |end, &n| {
+                    *end += n;
+                    Some(*end)
+                })
+                .collect();
+            for k in 1..count {
+                let ideal = k * m / count;
+                let last = *cuts.last().expect("starts with 0");
+                let best = bounds
+                    .iter()
+                    .copied()
+                    .filter(|&b| b > last && b < m)
+                    .min_by_key(|&b| b.abs_diff(ideal));
+                if let Some(b) = best {
+                    cuts.push(b);
+                }
+            }
+            cuts.push(m);
+        }
+    }
+    cuts.dedup();
+    cuts.windows(2).map(|w| w[0]..w[1]).collect()
 }
 
 #[cfg(test)]

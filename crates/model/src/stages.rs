@@ -275,7 +275,7 @@ impl LlamaModel {
     }
 
     /// Final norm and output projection of the rows that want logits; returns their count.
-    fn logits_stage(&self, ctx: &ExecCtx, ws: &mut Workspace) -> Result<usize> {
+    pub(crate) fn logits_stage(&self, ctx: &ExecCtx, ws: &mut Workspace) -> Result<usize> {
         let c = &self.config;
         let h = c.hidden_size;
         let r = ws.batch.logit_rows.len();

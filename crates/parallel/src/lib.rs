@@ -9,6 +9,7 @@
 //! memory) and, with the cargo feature `mpi`, `mpi` (ranks are processes started by
 //! `mpirun`).
 
+pub mod link;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;

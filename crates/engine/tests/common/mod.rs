@@ -9,7 +9,7 @@ use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 /// to its middle), then a mixed step of one decode token per other prompt and the rest of the
 /// last prompt, all positions' logits asked for; run with `sub`.
 fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<f32>> {
-    e.sub_batching = sub;
+    e.sub_batching = sub.into();
     let blocks_per_seq = prompts
         .iter()
         .map(|p| (p.len() + 1).div_ceil(KV_BLOCK_SIZE))
@@ -51,7 +51,7 @@ fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<
             .collect(),
     };
     let l2 = e.forward_kv(&second, &mut kv).unwrap();
-    e.sub_batching = SubBatching::WHOLE;
+    e.sub_batching = SubBatching::WHOLE.into();
     vec![l1.data, l2.data]
 }
 

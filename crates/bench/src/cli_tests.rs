@@ -1,0 +1,217 @@
+//! Argument parsing of `tessera bench`.
+
+use super::*;
+use clap::Parser;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: BenchCommand,
+}
+
+#[test]
+fn gemm_defaults_and_lists() {
+    let c = Cli::parse_from(["x", "gemm"]);
+    match c.cmd {
+        BenchCommand::Gemm {
+            precision,
+            dtypes,
+            shapes,
+            m,
+            candidates,
+            plot,
+            ..
+        } => {
+            assert_eq!(precision, PrecisionArg::Fast);
+            assert_eq!(dtypes, vec!["f32", "q4_1", "q8_0"]);
+            assert_eq!(shapes, vec!["smollm", "llama7b"]);
+            assert_eq!(m, None);
+            assert_eq!(candidates, 8);
+            assert_eq!(plot, None);
+        }
+        _ => panic!("not gemm"),
+    }
+    let c = Cli::parse_from(["x", "gemm", "--m", "1,8", "--dtypes", "q4_1", "--plot"]);
+    match c.cmd {
+        BenchCommand::Gemm {
+            m, dtypes, plot, ..
+        } => {
+            assert_eq!(m, Some(vec![1, 8]));
+            assert_eq!(dtypes, vec!["q4_1"]);
+            assert_eq!(plot, Some(PathBuf::from("bench-gemm.svg")));
+        }
+        _ => panic!("not gemm"),
+    }
+}
+
+#[test]
+fn model_defaults() {
+    let c = Cli::parse_from(["x", "model", "--precision", "exact"]);
+    match c.cmd {
+        BenchCommand::Model {
+            prompt_tokens,
+            gen_tokens,
+            reps,
+            precision,
+            ..
+        } => {
+            assert_eq!((prompt_tokens, gen_tokens, reps), (512, 128, 3));
+            assert_eq!(precision, PrecisionArg::Exact);
+        }
+        _ => panic!("not model"),
+    }
+}
+
+#[test]
+fn serve_defaults_and_modes() {
+    let c = Cli::parse_from(["x", "serve", "--url", "http://h:1"]);
+    match c.cmd {
+        BenchCommand::Serve {
+            endpoint,
+            concurrency,
+            rate,
+            requests,
+            prompt_tokens,
+            output_tokens,
+            temperature,
+            slo_ttft_ms,
+            slo_tpot_ms,
+            ..
+        } => {
+            assert_eq!(endpoint, Endpoint::Completions);
+            assert_eq!((concurrency, rate, requests), (None, None, None));
+            assert_eq!((prompt_tokens, output_tokens), (100, 64));
+            assert_eq!(
+                (temperature, slo_ttft_ms, slo_tpot_ms),
+                (0.0, 1000.0, 100.0)
+            );
+        }
+        _ => panic!("not serve"),
+    }
+    let c = Cli::parse_from([
+        "x",
+        "serve",
+        "--url",
+        "u",
+        "--sweep",
+        "1,2,4",
+        "--endpoint",
+        "chat",
+        "--plot",
+    ]);
+    match c.cmd {
+        BenchCommand::Serve {
+            sweep,
+            endpoint,
+            plot,
+            ..
+        } => {
+            assert_eq!(sweep, Some(vec![1, 2, 4]));
+            assert_eq!(endpoint, Endpoint::Chat);
+            assert_eq!(plot, Some(PathBuf::from("bench-serve.svg")));
+        }
+        _ => panic!("not serve"),
+    }
+    assert!(
+        Cli::try_parse_from(["x", "serve", "--url", "u", "--sweep", "1", "--rate", "2"]).is_err()
+    );
+    assert!(Cli::try_parse_from([
+        "x",
+        "serve",
+        "--url",
+        "u",
+        "--sweep",
+        "1",
+        "--concurrency",
+        "2"
+    ])
+    .is_err());
+    assert!(Cli::try_parse_from([
+        "x",
+        "serve",
+        "--url",
+        "u",
+        "--rate",
+        "2",
+        "--concurrency",
+        "4"
+    ])
+    .is_ok());
+}
+
+#[test]
+fn serve_adapters_and_lora_tools() {
+    let c = Cli::parse_from(["x", "serve", "--url", "u"]);
+    match c.cmd {
+        BenchCommand::Serve { adapters, .. } => assert_eq!(adapters, None),
+        _ => panic!("not serve"),
+    }
+    let c = Cli::parse_from(["x", "serve", "--url", "u", "--adapters", "base,a0,a1"]);
+    match c.cmd {
+        BenchCommand::Serve { adapters, .. } => {
+            assert_eq!(
+                adapters,
+                Some(vec!["base".into(), "a0".into(), "a1".into()])
+            )
+        }
+        _ => panic!("not serve"),
+    }
+    assert!(Cli::try_parse_from([
+        "x",
+        "serve",
+        "--url",
+        "u",
+        "--adapters",
+        "a0",
+        "--model",
+        "m"
+    ])
+    .is_err());
+    let c = Cli::parse_from(["x", "make-adapters", "--out", "/tmp/a"]);
+    match c.cmd {
+        BenchCommand::MakeAdapters {
+            out,
+            count,
+            rank,
+            targets,
+            seed,
+            model,
+        } => {
+            assert_eq!(out, PathBuf::from("/tmp/a"));
+            assert_eq!((count, rank, seed), (1, 8, 42));
+            assert_eq!(targets, vec!["q", "v"]);
+            assert_eq!(model, None);
+        }
+        _ => panic!("not make-adapters"),
+    }
+    let c = Cli::parse_from([
+        "x",
+        "make-adapters",
+        "--out",
+        "d",
+        "--count",
+        "16",
+        "--rank",
+        "16",
+        "--targets",
+        "all",
+    ]);
+    match c.cmd {
+        BenchCommand::MakeAdapters {
+            count,
+            rank,
+            targets,
+            ..
+        } => assert_eq!((count, rank, targets), (16, 16, vec!["all".to_string()])),
+        _ => panic!("not make-adapters"),
+    }
+    assert!(Cli::try_parse_from(["x", "make-adapters"]).is_err());
+    let c = Cli::parse_from(["x", "plot-lora", "r.jsonl", "--out", "l.svg"]);
+    match c.cmd {
+        BenchCommand::PlotLora { file, out } => {
+            assert_eq!(file, PathBuf::from("r.jsonl"));
+            assert_eq!(out, Some(PathBuf::from("l.svg")));
+        }
+        _ => panic!("not plot-lora"),
+    }
+}

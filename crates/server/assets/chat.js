@@ -170,7 +170,9 @@ async function send(text) {
           if (firstAt === null) firstAt = performance.now();
           chunks += 1;
           answer += piece;
+          const atBottom = window.innerHeight + window.scrollY >= document.body.scrollHeight - 80;
           reply.content.append(document.createTextNode(piece));
+          if (atBottom) reply.li.scrollIntoView({ block: "end" });
         }
         if (c.finish_reason) finish = c.finish_reason;
       }

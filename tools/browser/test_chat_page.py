@@ -227,3 +227,45 @@ def test_chat_page(server, browser):
     assert problems == [], problems
     urls = drv.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
     assert all(u.startswith(server + "/") for u in urls), urls
+
+
+# The page's next fetch answers `response` (a JS expression) instead of the server.
+FAKE_NEXT_FETCH = """
+    const real = window.fetch;
+    window.fetch = () => { window.fetch = real; return Promise.resolve(%s); };
+"""
+
+
+def test_chat_page_shows_errors(server, browser):
+    drv = browser
+    drv.get(server + "/")  # the key is still in localStorage
+    wait(drv, lambda d: d.find_element(By.ID, "model").get_attribute("data-loaded") == "true")
+    cases = [
+        # The bounded queue is full (or the engine stopped): 503 with the server's message.
+        ("new Response(JSON.stringify({error: {message: 'the waiting queue is full', "
+         "type: 'server_error'}}), {status: 503, headers: {'content-type': 'application/json'}})",
+         ["HTTP 503: the waiting queue is full.", "try again later"], ""),
+        # A step failed mid-stream: an error event before [DONE]; the text so far stays.
+        ("new Response('data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\\n\\n"
+         "data: {\"error\":{\"message\":\"step failed\",\"type\":\"server_error\"}}\\n\\n"
+         "data: [DONE]\\n\\n', {status: 200, headers: {'content-type': 'text/event-stream'}})",
+         ["Server error: step failed"], "Hi"),
+        # The connection ended without [DONE].
+        ("new Response('data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"<b>x</b>\"}}]}\\n\\n', "
+         "{status: 200, headers: {'content-type': 'text/event-stream'}})",
+         ["ended before [DONE]"], "<b>x</b>"),
+    ]
+    for n, (response, expected, partial) in enumerate(cases, 1):
+        drv.execute_script(FAKE_NEXT_FETCH % response)
+        send(drv, "Hello")
+        reply = wait(drv, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#log li.assistant")) == n
+                     and (r := last_reply(d)).get_attribute("data-done") == "true" and r)
+        err = drv.find_element(By.ID, "error")
+        assert err.is_displayed() and all(e in err.text for e in expected), err.text
+        assert "failed" in reply.get_attribute("class")
+        content = reply.find_element(By.CLASS_NAME, "content")
+        if partial:
+            # Model output goes in as text: "<b>x</b>" is shown, not made bold.
+            assert content.get_attribute("textContent") == partial
+            assert content.find_elements(By.CSS_SELECTOR, "*") == []
+        drv.find_element(By.ID, "input").clear()

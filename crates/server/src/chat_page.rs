@@ -34,7 +34,10 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
 /// `GET /`, `/chat.js`, `/chat.css`; stateless, so it merges into any router.
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
-        .route("/", get(|| async { asset("text/html; charset=utf-8", HTML) }))
+        .route(
+            "/",
+            get(|| async { asset("text/html; charset=utf-8", HTML) }),
+        )
         .route(
             "/chat.js",
             get(|| async { asset("text/javascript; charset=utf-8", JS) }),

@@ -4,6 +4,7 @@
 
 pub mod adapters;
 pub mod api;
+pub mod chat_page;
 pub mod engine_loop;
 pub mod http;
 pub mod metrics;
@@ -55,7 +56,8 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         max_model_len: opts.scheduler.max_model_len,
         default_max_tokens: opts.default_max_tokens,
     });
-    Ok(http::router(state))
+    // The chat page at `/` sits outside the API routes (and their key check).
+    Ok(http::router(state).merge(chat_page::router()))
 }
 
 /// Serves until Ctrl-C.

@@ -46,11 +46,7 @@ pub struct TpRow {
 /// The step of `tokens` tokens: four fresh sequences of lengths in the ratio 1:2:3:2 (at
 /// least one token each), one logits row each.
 pub fn bench_step(tokens: usize) -> BatchMeta {
-    let weights = [1usize, 2, 3, 2];
-    let n = tokens.max(weights.len());
-    let mut lens: Vec<usize> = weights.iter().map(|w| (n * w / 8).max(1)).collect();
-    let short = n - lens.iter().sum::<usize>().min(n);
-    lens[2] += short;
+    let lens = tessera_sim::report::bench_lens(tokens);
     let mut next = 0u32;
     let seqs = lens
         .iter()
@@ -176,11 +172,11 @@ pub fn run_tp(cfg: &TpBenchConfig) -> Result<()> {
         }
         rows.push(measure(&mut engine, SubBatchPolicy::Auto)?);
     }
-    print_rows(cfg, &rows, link);
+    print_rows(cfg, &rows, link, engine.pool.units());
     Ok(())
 }
 
-fn print_rows(cfg: &TpBenchConfig, rows: &[TpRow], link: tessera_sim::CommCost) {
+fn print_rows(cfg: &TpBenchConfig, rows: &[TpRow], link: tessera_sim::CommCost, units: usize) {
     let base = |tokens: usize| {
         rows.iter()
             .find(|r| r.tokens == tokens && r.spec.count == 1 && !r.chosen)
@@ -211,6 +207,8 @@ fn print_rows(cfg: &TpBenchConfig, rows: &[TpRow], link: tessera_sim::CommCost) 
                     "tp": cfg.tp,
                     "backend": format!("{:?}", cfg.backend).to_lowercase(),
                     "threads": cfg.threads,
+                    "threads_per_rank": units,
+                    "precision": cfg.precision.to_string(),
                     "link_latency_us": round(link.latency_s * 1e6),
                     "link_gb_s": round(link.gbytes_per_s()),
                     "label": cfg.label,

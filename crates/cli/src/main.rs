@@ -17,6 +17,7 @@ use tessera_kernels::planner::ShapeKey;
 use tessera_tokenizer::ChatMessage;
 
 mod serve;
+mod simulate;
 
 #[derive(Parser)]
 #[command(name = "tessera", version, about = "LLM inference and serving engine")]
@@ -138,6 +139,9 @@ enum Command {
         #[command(subcommand)]
         cmd: tessera_bench::cli::BenchCommand,
     },
+    /// Predict tensor-parallel step times against the number of sub-batches for a model
+    /// shape, link and device (or check the predictions against `bench tp` rows).
+    Simulate(simulate::SimulateArgs),
     /// Show the plans the planner considers for one matrix product, with predicted times.
     Plan {
         #[arg(long)]
@@ -416,6 +420,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench { cmd } => tessera_bench::cli::run(cmd)?,
         Command::Serve(args) => serve::run(args)?,
+        Command::Simulate(args) => simulate::run(args)?,
         Command::Pull => {
             let p = store::pull_default()?;
             println!("{}", p.display());

@@ -69,15 +69,24 @@ impl StageReduce for Reducer<'_> {
     }
 }
 
-/// No communication: each stage's output stays this rank's partial sum.
-struct Skip;
+/// No communication after the first reduction (the embedding's, kept so that every row
+/// starts from its real embedding): each stage's output stays this rank's partial sum.
+struct Skip<'a> {
+    first: Option<Reducer<'a>>,
+}
 
-impl StageReduce for Skip {
-    fn start(&mut self, _: &[f32]) -> Result<u64> {
-        Ok(0)
+impl StageReduce for Skip<'_> {
+    fn start(&mut self, buf: &[f32]) -> Result<u64> {
+        match &mut self.first {
+            Some(r) => r.start(buf),
+            None => Ok(u64::MAX),
+        }
     }
-    fn finish(&mut self, _: u64, _: &mut [f32]) -> Result<()> {
-        Ok(())
+    fn finish(&mut self, t: u64, out: &mut [f32]) -> Result<()> {
+        match self.first.take() {
+            Some(mut r) if t != u64::MAX => r.finish(t, out),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -110,7 +119,13 @@ pub(crate) fn rank_forward(
             gather_logits(comm, secs, local.data, rows, layout, vocab)
         }
         StepMode::ComputeOnly => {
-            let local = model.forward_pipelined(batch, kv, ws, ctx, split, &mut Skip)?;
+            let mut skip = Skip {
+                first: (model.vocab.len() != vocab).then_some(Reducer {
+                    comm: &mut *comm,
+                    secs: &mut *secs,
+                }),
+            };
+            let local = model.forward_pipelined(batch, kv, ws, ctx, split, &mut skip)?;
             Ok(Logits {
                 vocab,
                 data: vec![0.0; local.rows.len() * vocab],

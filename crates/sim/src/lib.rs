@@ -16,6 +16,7 @@ pub mod compute;
 pub mod links;
 pub mod pipeline;
 pub mod plot;
+pub mod report;
 pub mod shape;
 pub mod step;
 

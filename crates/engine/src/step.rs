@@ -54,6 +54,9 @@ pub enum Fault {
     KillRank(usize),
     /// Tensor-parallel rank N stops answering for this long before the step.
     StallRank(usize, std::time::Duration),
+    /// Tensor-parallel rank N dies in the middle of the step's pipeline, after starting
+    /// this many of its all-reduces.
+    KillRankMidStep(usize, usize),
 }
 
 pub struct StepEngine<'e> {
@@ -237,6 +240,9 @@ impl<'e> StepEngine<'e> {
                 }
                 Some(Fault::StallRank(r, d)) => {
                     engine.inject_rank_fault(r, crate::tp::RankFault::Stall(d));
+                }
+                Some(Fault::KillRankMidStep(r, n)) => {
+                    engine.inject_rank_fault(r, crate::tp::RankFault::DieAfter(n));
                 }
                 Some(Fault::Crash) | None => {}
             }

@@ -61,6 +61,9 @@ pub enum RankFault {
     Stall(Duration),
     /// The rank's thread panics.
     Die,
+    /// The rank's thread panics in its next step, when it starts its all-reduce number
+    /// n + 1 (in the middle of the pipeline).
+    DieAfter(usize),
 }
 
 struct Job {
@@ -231,6 +234,11 @@ impl TpGroup {
                             }
                             #[cfg(feature = "fault-injection")]
                             Order::Fault(RankFault::Die) => panic!("injected death of a rank"),
+                            #[cfg(feature = "fault-injection")]
+                            Order::Fault(RankFault::DieAfter(n)) => {
+                                crate::tp_rank::die_after(n);
+                                continue;
+                            }
                         };
                         let result = rank
                             .forward(

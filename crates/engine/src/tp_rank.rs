@@ -57,8 +57,26 @@ struct Reducer<'a> {
     secs: &'a mut f64,
 }
 
+#[cfg(feature = "fault-injection")]
+thread_local! {
+    /// Test-only: all-reduces this rank thread may still start before it dies.
+    static DIE_AFTER: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// Test-only: this rank thread dies when it starts its all-reduce number `n + 1`.
+#[cfg(feature = "fault-injection")]
+pub(crate) fn die_after(n: usize) {
+    DIE_AFTER.with(|d| d.set(Some(n)));
+}
+
 impl StageReduce for Reducer<'_> {
     fn start(&mut self, buf: &[f32]) -> Result<u64> {
+        #[cfg(feature = "fault-injection")]
+        DIE_AFTER.with(|d| match d.get() {
+            Some(0) => panic!("injected death of a rank in the middle of a step"),
+            Some(n) => d.set(Some(n - 1)),
+            None => {}
+        });
         self.comm.start_reduce(buf).map_err(comm_err)
     }
     fn finish(&mut self, t: u64, out: &mut [f32]) -> Result<()> {

@@ -142,6 +142,7 @@ async fn a_dead_engine_thread_answers_503_with_the_reason() {
 
 const KILL_RANK: u32 = 4245;
 const STALL_RANK: u32 = 4246;
+const KILL_MID_PIPELINE: u32 = 4247;
 
 /// A server over the default model split over 2 in-process ranks, collectives timing out
 /// after `timeout`, whose rank 1 dies or stalls for 4 s in a step computing the tokens above.
@@ -162,6 +163,9 @@ async fn tp_server(timeout: std::time::Duration) -> Server {
             Some(Fault::KillRank(1))
         } else if has(STALL_RANK) {
             Some(Fault::StallRank(1, std::time::Duration::from_secs(4)))
+        } else if has(KILL_MID_PIPELINE) {
+            // Past the embedding's all-reduce and a few layers' stages of 4 sub-batches.
+            Some(Fault::KillRankMidStep(1, 1 + 4 * 2 * 3 + 2))
         } else {
             None
         }
@@ -236,6 +240,63 @@ async fn a_stalled_rank_fails_within_the_timeout() {
     assert!(
         took < std::time::Duration::from_millis(3900),
         "took {took:?}: not bounded by the timeout"
+    );
+    let (status, text) = health(&s).await;
+    assert_eq!(status, 503, "{text}");
+}
+
+/// A rank dying in the middle of a step pipelined over four sub-batches (some of its
+/// reductions landed, others in flight) ends the step with the bounded-time error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rank_dying_mid_pipeline_fails_within_the_timeout() {
+    let path = tessera_engine::store::resolve_model(None).unwrap();
+    let timeout = std::time::Duration::from_millis(800);
+    let mut e = tessera_engine::Engine::load_tp(
+        &path,
+        2,
+        tessera_kernels::plan::Precision::Fast,
+        tessera_kernels::planner::Planner::untuned(),
+        2,
+        timeout,
+    )
+    .unwrap();
+    e.sub_batching = tessera_engine::SubBatching {
+        count: 4,
+        split: tessera_engine::SplitBy::Tokens,
+    }
+    .into();
+    e.fault_hook = Some(Arc::new(|plan| {
+        plan.seqs
+            .iter()
+            .any(|s| s.tokens.contains(&KILL_MID_PIPELINE))
+            .then_some(Fault::KillRankMidStep(1, 1 + 4 * 2 * 3 + 2))
+    }));
+    let s = start_engine(e, |_| {}, None).await;
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Hello there", "max_tokens": 2, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let prompt: Vec<u32> = (0..40)
+        .map(|i| 500 + i)
+        .chain([KILL_MID_PIPELINE])
+        .collect();
+    let t0 = std::time::Instant::now();
+    let (status, body) = s
+        .post(
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(status, 500, "{body}");
+    let msg = body["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("rank") && msg.contains('1'), "{msg}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}: not bounded",
+        t0.elapsed()
     );
     let (status, text) = health(&s).await;
     assert_eq!(status, 503, "{text}");

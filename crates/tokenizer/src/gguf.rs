@@ -177,7 +177,7 @@ fn spm_merges(tokens: &[String], types: &[i32], scores: &[f32]) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::Tokenizer;
     use tessera_formats::TokenizerSpec;
@@ -193,7 +193,12 @@ mod tests {
     }
 
     /// A byte-level vocabulary: all 256 byte symbols plus a few merges.
-    fn tiny_bpe(pre: &str) -> Tokenizer {
+    pub(crate) fn tiny_bpe(pre: &str) -> Tokenizer {
+        tiny_bpe_with(pre, None)
+    }
+
+    /// [`tiny_bpe`] with a chat template.
+    pub(crate) fn tiny_bpe_with(pre: &str, chat_template: Option<&str>) -> Tokenizer {
         let mut tokens: Vec<String> = vec![
             "<|endoftext|>".into(),
             "<|im_start|>".into(),
@@ -226,7 +231,7 @@ mod tests {
             .to_vec();
         let mut types = vec![1; tokens.len()];
         types[..3].fill(TYPE_CONTROL);
-        Tokenizer::from_spec(&spec(
+        let mut spec = spec(
             TokenizerSource::GgufBpe {
                 tokens,
                 token_types: types,
@@ -234,8 +239,9 @@ mod tests {
                 pre: pre.into(),
             },
             false,
-        ))
-        .unwrap()
+        );
+        spec.chat_template = chat_template.map(String::from);
+        Tokenizer::from_spec(&spec).unwrap()
     }
 
     #[test]

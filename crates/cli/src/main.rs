@@ -478,14 +478,14 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let engine = load(&model, Precision::Fast)?;
             let lora = adapter(&model, &engine)?;
-            let text = if chat {
+            let prompt_ids = if chat {
+                // The prompt is the user's text: special tokens in it stay text.
                 engine
                     .tokenizer
-                    .apply_chat_template(&[ChatMessage::new("user", &prompt)], true)?
+                    .encode_chat(&[ChatMessage::new("user", &prompt)], true)?
             } else {
-                prompt
+                engine.tokenizer.encode(&prompt)?
             };
-            let prompt_ids = engine.tokenizer.encode(&text)?;
             let params = SamplingParams {
                 temperature,
                 top_k,

@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// max_tokens when a request does not say.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
+    /// Parse special tokens (`<|im_end|>`...) written inside chat messages as control
+    /// tokens. Off by default: message contents are text, so a user cannot close their
+    /// turn or open a system one. Raw completions always parse them.
+    #[arg(long)]
+    pub allow_special_tokens_in_chat: bool,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -73,6 +78,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         default_max_tokens,
         max_loras,
         lora_batching,
+        allow_special_tokens_in_chat,
         model,
     } = args;
 
@@ -84,6 +90,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         o => bail!("--lora-batching {o:?}: expected mixed or serial"),
     };
     let engine = load(&model, Precision::Fast)?;
+    engine
+        .tokenizer
+        .set_allow_special_in_content(allow_special_tokens_in_chat);
     let c = &engine.config;
     let block = tessera_engine::KV_BLOCK_SIZE;
     let bytes_per_block = 2 * c.n_layers * block * c.kv_dim() * 4;

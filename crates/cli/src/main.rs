@@ -270,7 +270,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
+        // Messages may quote model files; escaped once more as a whole.
+        let msg = tessera_core::untrusted::sanitize(&format!("{e:#}"), 4000);
+        eprintln!("error: {msg}");
         std::process::exit(1);
     }
 }

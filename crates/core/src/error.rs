@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use crate::untrusted::Safe;
+use crate::untrusted::{Name, Safe};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -22,11 +22,11 @@ pub enum Error {
     },
     #[error("malformed {format} file: {}", Safe(msg))]
     Malformed { format: &'static str, msg: String },
-    #[error("unsupported tensor type {} for tensor {}", Safe(ty), Safe(name))]
+    #[error("unsupported tensor type {} for tensor {}", Name(ty), Name(name))]
     UnsupportedTensorType { ty: String, name: String },
-    #[error("missing tensor {}", Safe(name))]
+    #[error("missing tensor {}", Name(name))]
     MissingTensor { name: String },
-    #[error("tensor {} has shape {got:?}, expected {expected:?}", Safe(name))]
+    #[error("tensor {} has shape {got:?}, expected {expected:?}", Name(name))]
     ShapeMismatch {
         name: String,
         got: Vec<usize>,

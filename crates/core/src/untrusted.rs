@@ -98,6 +98,16 @@ pub fn sanitize(s: &str, max_chars: usize) -> String {
     escape(s, max_chars, false, 0)
 }
 
+/// `Display` of a name from a file (a tensor's, an architecture's) through [`sanitize`]
+/// with [`QUOTE_CHARS`], unquoted.
+pub struct Name<'a>(pub &'a str);
+
+impl std::fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&sanitize(self.0, QUOTE_CHARS))
+    }
+}
+
 /// `Display` of a message through [`sanitize`] with [`MESSAGE_CHARS`].
 pub struct Safe<'a>(pub &'a str);
 

@@ -7,14 +7,16 @@
 //! The parser works on a byte slice and trusts nothing in it: every count and length is
 //! checked against the bytes that remain before anything is allocated, tensor data must lie
 //! inside the file, and dimensions must multiply without overflow. Errors name the offending
-//! field or tensor. Tensor bytes are never copied: [`GgufFile::tensor`] returns a window into
-//! the memory map.
+//! field or tensor, quoting keys and names read from the file with
+//! [`tessera_core::untrusted::quote`] (escaped, cut short). Tensor bytes are never copied:
+//! [`GgufFile::tensor`] returns a window into the memory map.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use memmap2::Mmap;
+use tessera_core::untrusted::quote;
 use tessera_core::{DType, Error, Result, TensorBytes, WeightTensor};
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -89,6 +91,15 @@ impl MetaValue {
         match self {
             MetaValue::Array(a) => Some(a),
             _ => None,
+        }
+    }
+
+    /// The value for a message: strings quoted and cut short, arrays by their length.
+    pub fn describe(&self) -> String {
+        match self {
+            MetaValue::String(s) => format!("string {}", quote(s)),
+            MetaValue::Array(a) => format!("array of {} items", a.len()),
+            other => format!("{other:?}"),
         }
     }
 }
@@ -298,30 +309,32 @@ impl GgufFile {
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
             let key = r.string("metadata key")?;
-            let ty = r.u32(&key)?;
-            let v = r.value(ty, &key, 0)?;
-            if metadata.insert(key.clone(), v).is_some() {
-                return Err(bad(format!("duplicate metadata key {key}")));
+            let label = quote(&key);
+            let ty = r.u32(&label)?;
+            let v = r.value(ty, &label, 0)?;
+            if metadata.insert(key, v).is_some() {
+                return Err(bad(format!("duplicate metadata key {label}")));
             }
         }
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         let mut names = std::collections::HashSet::new();
         for i in 0..n_tensors {
             let name = r.string(&format!("tensor {i} name"))?;
-            let n_dims = r.u32(&name)?;
+            let label = format!("tensor {}", quote(&name));
+            let n_dims = r.u32(&label)?;
             if n_dims == 0 || n_dims > MAX_DIMS {
                 return Err(bad(format!(
-                    "tensor {name}: {n_dims} dimensions (expected 1..={MAX_DIMS})"
+                    "{label}: {n_dims} dimensions (expected 1..={MAX_DIMS})"
                 )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
-                dims.push(r.u64(&name)?);
+                dims.push(r.u64(&label)?);
             }
-            let ggml_type = r.u32(&name)?;
-            let offset = r.u64(&name)?;
+            let ggml_type = r.u32(&label)?;
+            let offset = r.u64(&label)?;
             if !names.insert(name.clone()) {
-                return Err(bad(format!("duplicate tensor {name}")));
+                return Err(bad(format!("duplicate {label}")));
             }
             tensors.push(TensorInfo {
                 name,
@@ -336,7 +349,8 @@ impl GgufFile {
                 Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a as usize,
                 _ => {
                     return Err(bad(format!(
-                        "general.alignment {v:?} is not a power of two"
+                        "general.alignment {} is not a power of two",
+                        v.describe()
                     )))
                 }
             },
@@ -347,7 +361,8 @@ impl GgufFile {
             if t.offset % alignment as u64 != 0 {
                 return Err(bad(format!(
                     "tensor {}: offset {} is not a multiple of the alignment {alignment}",
-                    t.name, t.offset
+                    quote(&t.name),
+                    t.offset
                 )));
             }
             // Unsupported types are reported when the tensor is used, so a file with an odd
@@ -358,7 +373,7 @@ impl GgufFile {
                 if end.is_none_or(|e| e > data_len as u64) {
                     return Err(bad(format!(
                         "tensor {}: data [{}, +{size}) lies outside the file's {data_len}-byte data section",
-                        t.name, t.offset
+                        quote(&t.name), t.offset
                     )));
                 }
             }
@@ -411,13 +426,19 @@ fn tensor_size(t: &TensorInfo, dtype: DType) -> Result<usize> {
         numel = numel
             .checked_mul(d)
             .filter(|&n| n <= 1 << 40)
-            .ok_or_else(|| bad(format!("tensor {}: absurd dimensions {:?}", t.name, t.dims)))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor {}: absurd dimensions {:?}",
+                    quote(&t.name),
+                    t.dims
+                ))
+            })?;
     }
     let inner = t.dims[0] as usize;
     let row = dtype.row_bytes(inner).ok_or_else(|| {
         bad(format!(
             "tensor {}: row length {inner} is not a multiple of the {dtype} block size",
-            t.name
+            quote(&t.name)
         ))
     })?;
     let rows = if inner == 0 {
@@ -426,7 +447,7 @@ fn tensor_size(t: &TensorInfo, dtype: DType) -> Result<usize> {
         numel as usize / inner
     };
     rows.checked_mul(row)
-        .ok_or_else(|| bad(format!("tensor {}: size overflows", t.name)))
+        .ok_or_else(|| bad(format!("tensor {}: size overflows", quote(&t.name))))
 }
 
 /// Writes GGUF files; used by tests to craft good and bad inputs, and by tools.
@@ -662,6 +683,69 @@ mod tests {
         let f = GgufFile::from_bytes(&b).unwrap();
         let e = f.tensor(&f.tensors[0]).unwrap_err().to_string();
         assert_eq!(e, "unsupported tensor type Q4_K for tensor blk.0.q");
+    }
+
+    /// No byte of a crafted key, name or value reaches a message unescaped, or at length.
+    #[test]
+    fn errors_quote_file_strings_escaped_and_short() {
+        let evil = "evil\x1b[31m\u{202e}red\x07";
+        let safe = |e: &str| {
+            assert!(
+                !e.chars().any(|c| c.is_control() || c == '\u{202e}'),
+                "{e:?}"
+            );
+            assert!(e.len() < 400, "{} bytes: {e}", e.len());
+        };
+        // Duplicate key, quoted with the escape visible.
+        let b = write(&[(evil, MetaValue::U8(1)), (evil, MetaValue::U8(2))], &[]);
+        let e = err_of(&b);
+        safe(&e);
+        assert!(e.contains(r#""evil\u{1b}[31m\u{202e}red\u{7}""#), "{e}");
+        // A key of 100 kB, its value truncated.
+        let long = format!("{evil}{}", "k".repeat(100_000));
+        let b = write(&[(long.as_str(), MetaValue::U32(1))], &[]);
+        // Cut inside the value: header 24, key length 8, key, type 4, then 2 of 4 bytes.
+        let e = err_of(&b[..24 + 8 + long.len() + 4 + 2]);
+        safe(&e);
+        assert!(e.contains("bytes)"), "{e}");
+        // A tensor name, through the error type's own display.
+        let data = vec![0u8; 144];
+        let b = write(
+            &[("general.alignment", MetaValue::String(long.clone()))],
+            &[TensorSpec {
+                name: evil,
+                dims: &[256, 1],
+                ggml_type: 12,
+                data: &data,
+            }],
+        );
+        safe(&err_of(&b));
+        let b = write(
+            &[],
+            &[TensorSpec {
+                name: &long,
+                dims: &[256, 1],
+                ggml_type: 12,
+                data: &data,
+            }],
+        );
+        let f = GgufFile::from_bytes(&b).unwrap();
+        safe(&f.tensor(&f.tensors[0]).unwrap_err().to_string());
+        // A value reaching the loader's messages.
+        let b = write(
+            &[("general.architecture", MetaValue::String(long.clone()))],
+            &[],
+        );
+        let f = GgufFile::from_bytes(&b).unwrap();
+        let e = crate::load::from_gguf(&f, Path::new("m.gguf"))
+            .err()
+            .unwrap()
+            .to_string();
+        safe(&e);
+        assert!(
+            e.starts_with(r#"unsupported architecture "evil\u{1b}[31m"#),
+            "{e}"
+        );
     }
 
     proptest::proptest! {

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
+use tessera_core::untrusted::quote;
 use tessera_core::{Error, Result};
 use tessera_formats::TokenizerSource;
 
@@ -53,7 +54,7 @@ fn pre_tokenizer(pre: &str) -> (Value, bool) {
         ),
         "default" | "gpt2" | "gpt-2" => (byte_level(true), false),
         other => {
-            tracing::warn!("unknown GGUF pre-tokenizer {other:?}; using GPT-2's");
+            tracing::warn!("unknown GGUF pre-tokenizer {}; using GPT-2's", quote(other));
             (
                 json!({"type": "Sequence", "pretokenizers": [split(GPT2_REGEX), byte_level(false)]}),
                 false,
@@ -97,7 +98,8 @@ pub fn tokenizer_json(source: &TokenizerSource) -> Result<Value> {
             for m in merges {
                 if m.split(' ').count() != 2 {
                     return Err(Error::Tokenizer(format!(
-                        "malformed merge {m:?} (expected \"left right\")"
+                        "malformed merge {} (expected \"left right\")",
+                        quote(m)
                     )));
                 }
             }

@@ -180,7 +180,7 @@ impl ChatTemplate {
             Err(_) if out.exceeded => Err(TemplateError::Limit {
                 limit: TemplateLimit::Output,
                 max: max_out as u64,
-                detail: format!("bytes for {} messages", messages.len()),
+                detail: format!("bytes of text for {} message(s)", messages.len()),
             }
             .into()),
             Err(e) => Err(classify(e, raised, fuel, l.recursion).into()),
@@ -201,13 +201,13 @@ fn classify(e: minijinja::Error, raised: Option<String>, fuel: u64, depth: usize
         ErrorKind::OutOfFuel => TemplateError::Limit {
             limit: TemplateLimit::Fuel,
             max: fuel,
-            detail: "instructions (a loop that does not end?)".into(),
+            detail: "instructions run (a loop that does not end?)".into(),
         },
         ErrorKind::InvalidOperation if detail == "recursion limit exceeded" => {
             TemplateError::Limit {
                 limit: TemplateLimit::Recursion,
                 max: depth as u64,
-                detail: "nested calls".into(),
+                detail: "nested macro calls or includes".into(),
             }
         }
         ErrorKind::InvalidOperation if raised.as_deref() == Some(detail) => {

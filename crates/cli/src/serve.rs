@@ -93,6 +93,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     engine
         .tokenizer
         .set_allow_special_in_content(allow_special_tokens_in_chat);
+    if let Some(e) = engine.tokenizer.chat_template_error() {
+        eprintln!("note: {e}; /v1/chat/completions will fail, /v1/completions works");
+    }
     let block = tessera_engine::KV_BLOCK_SIZE;
     // The cache must fit the memory, the context the cache.
     let kv = tessera_engine::resources::size_kv(

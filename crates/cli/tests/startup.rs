@@ -41,11 +41,13 @@ fn refused(args: &[&str]) -> String {
 #[test]
 fn a_kv_cache_beyond_the_memory_is_refused() {
     let e = refused(&["serve", "--port", "0", "--kv-memory-mb", "1000000000"]);
+    // Where the system reports its free memory the cache is refused naming the flag;
+    // elsewhere its allocation fails cleanly.
     assert!(
-        e.contains("memory is available") || e.contains("cannot allocate"),
+        (e.contains("memory is available") && e.contains("--kv-memory-mb"))
+            || e.contains("cannot allocate"),
         "{e}"
     );
-    assert!(e.contains("--kv-memory-mb"), "{e}");
     let e = refused(&[
         "serve",
         "--port",

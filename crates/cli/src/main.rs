@@ -31,9 +31,13 @@ pub(crate) struct ModelArgs {
     /// GGUF file or Hugging Face model folder (default: the cached default model, fetched if missing).
     #[arg(long, global = true)]
     model: Option<PathBuf>,
-    /// Compute threads (default: all available cores).
+    /// Compute threads (default: all available cores). More than the available cores is
+    /// lowered to them, with a note, unless --force-threads.
     #[arg(long, global = true)]
     threads: Option<usize>,
+    /// Keep --threads even when it is more than the available cores.
+    #[arg(long, global = true)]
+    force_threads: bool,
     /// Arithmetic: `exact` (weights dequantized to f32, f32 activations) or `fast`
     /// (8-bit quantized activations meet block-quantized weights in integer dot products).
     /// Default: exact for `logits`, fast elsewhere.
@@ -210,11 +214,12 @@ pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Eng
         Some(s) => Precision::parse(s)
             .with_context(|| format!("--precision {s:?}: expected exact or fast"))?,
     };
-    let path = store::resolve_model(args.model.as_deref())?;
-    let threads = args.threads.unwrap_or_else(default_threads);
-    if threads == 0 {
-        bail!("--threads must be at least 1");
+    let (threads, note) =
+        tessera_engine::resources::choose_threads(args.threads, args.force_threads)?;
+    if let Some(note) = note {
+        eprintln!("{note}");
     }
+    let path = store::resolve_model(args.model.as_deref())?;
     let sub_batching = match args.sub_batches {
         None => SubBatchPolicy::Auto,
         Some(n) => SubBatching::new(n, args.split_by)
@@ -281,7 +286,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
+        // Messages may quote model files; escaped once more as a whole.
+        let msg = tessera_core::untrusted::sanitize(&format!("{e:#}"), 4000);
+        eprintln!("error: {msg}");
         std::process::exit(1);
     }
 }
@@ -374,7 +381,10 @@ fn run(cli: Cli) -> Result<()> {
                 p => vec![Precision::parse(p)
                     .with_context(|| format!("--precision {p:?}: exact, fast or both"))?],
             };
-            let threads = threads.unwrap_or_else(default_threads).max(1);
+            let (threads, note) = tessera_engine::resources::choose_threads(threads, false)?;
+            if let Some(note) = note {
+                eprintln!("{note}");
+            }
             let pool = tessera_runtime::ThreadPool::new(threads);
             let mut cache = tessera_engine::tuning::read_cache()?;
             eprintln!("measuring the machine profile ...");
@@ -490,14 +500,14 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let engine = load(&model, Precision::Fast)?;
             let lora = adapter(&model, &engine)?;
-            let text = if chat {
+            let prompt_ids = if chat {
+                // The prompt is the user's text: special tokens in it stay text.
                 engine
                     .tokenizer
-                    .apply_chat_template(&[ChatMessage::new("user", &prompt)], true)?
+                    .encode_chat(&[ChatMessage::new("user", &prompt)], true)?
             } else {
-                prompt
+                engine.tokenizer.encode(&prompt)?
             };
-            let prompt_ids = engine.tokenizer.encode(&text)?;
             let params = SamplingParams {
                 temperature,
                 top_k,

@@ -53,6 +53,11 @@ pub struct ServeArgs {
     /// max_tokens when a request does not say.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
+    /// Parse special tokens (`<|im_end|>`...) written inside chat messages as control
+    /// tokens. Off by default: message contents are text, so a user cannot close their
+    /// turn or open a system one. Raw completions always parse them.
+    #[arg(long)]
+    pub allow_special_tokens_in_chat: bool,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -73,6 +78,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         default_max_tokens,
         max_loras,
         lora_batching,
+        allow_special_tokens_in_chat,
         model,
     } = args;
 
@@ -84,13 +90,29 @@ pub fn run(args: ServeArgs) -> Result<()> {
         o => bail!("--lora-batching {o:?}: expected mixed or serial"),
     };
     let engine = load(&model, Precision::Fast)?;
-    let c = &engine.config;
+    engine
+        .tokenizer
+        .set_allow_special_in_content(allow_special_tokens_in_chat);
+    if let Some(e) = engine.tokenizer.chat_template_error() {
+        eprintln!("note: {e}; /v1/chat/completions will fail, /v1/completions works");
+    }
     let block = tessera_engine::KV_BLOCK_SIZE;
-    let bytes_per_block = 2 * c.n_layers * block * c.kv_dim() * 4;
-    let num_blocks = kv_blocks.unwrap_or((kv_memory_mb << 20) / bytes_per_block.max(1));
-    let max_model_len = max_model_len
-        .unwrap_or(c.max_position.min(8192))
-        .min(c.max_position);
+    // The cache must fit the memory, the context the cache.
+    let kv = tessera_engine::resources::size_kv(
+        &tessera_engine::resources::KvRequest {
+            blocks: kv_blocks,
+            memory_mb: kv_memory_mb,
+            max_model_len,
+            default_context: 8192,
+        },
+        engine.kv_bytes_per_block(block),
+        block,
+        engine.config.max_position,
+    )?;
+    if let Some(note) = &kv.note {
+        eprintln!("{note}");
+    }
+    let (num_blocks, max_model_len) = (kv.num_blocks, kv.max_model_len);
     let mut sched = tessera_scheduler::SchedulerConfig::new(num_blocks, block);
     sched.max_num_seqs = max_num_seqs;
     sched.max_num_batched_tokens = max_batched_tokens.max(max_num_seqs);
@@ -103,7 +125,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
     eprintln!(
         "KV cache: {num_blocks} blocks of {block} positions ({:.0} MB), context {max_model_len}",
-        (num_blocks * bytes_per_block) as f64 / 1e6
+        kv.bytes as f64 / 1e6
     );
     let name = served_model_name.unwrap_or_else(|| default_model_name(&model, &engine));
     let addr: std::net::SocketAddr = format!("{host}:{port}")

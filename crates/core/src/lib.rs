@@ -1,6 +1,7 @@
 //! Tessera's core vocabulary: element and block formats ([`DType`], the `Block*` structs),
-//! weight tensors that stay in their stored format ([`WeightTensor`]), and the error type
-//! shared by the layers above.
+//! weight tensors that stay in their stored format ([`WeightTensor`]), the error type
+//! shared by the layers above, and the one way to quote untrusted text in a message
+//! ([`untrusted`]).
 //!
 //! Nothing here computes anything heavier than a reference dequantization; kernels live in
 //! `tessera-kernels`.
@@ -9,8 +10,9 @@ pub mod blocks;
 pub mod dtype;
 pub mod error;
 pub mod tensor;
+pub mod untrusted;
 
 pub use blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 pub use dtype::DType;
-pub use error::{Error, Result};
+pub use error::{Error, Result, TemplateError, TemplateLimit};
 pub use tensor::{TensorBytes, WeightTensor};

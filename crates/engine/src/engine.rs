@@ -273,8 +273,34 @@ impl Engine {
         })
     }
 
-    /// KV storage for every rank (one entry without tensor parallelism).
+    /// Bytes one KV block of `block_size` positions takes in this process, over every
+    /// local rank (K and V, every layer, f32).
+    pub fn kv_bytes_per_block(&self, block_size: usize) -> usize {
+        let dims: usize = match &self.tp {
+            None => self.config.kv_dim(),
+            Some(g) => g
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .local_kv_dims(self.config.head_dim)
+                .iter()
+                .sum(),
+        };
+        2usize
+            .saturating_mul(self.config.n_layers)
+            .saturating_mul(block_size)
+            .saturating_mul(dims)
+            .saturating_mul(std::mem::size_of::<f32>())
+    }
+
+    /// KV storage for every rank (one entry without tensor parallelism). A cache larger
+    /// than the memory available, or than the allocator gives, is an error.
     pub fn new_kv(&self, block_size: usize, num_blocks: usize) -> Result<Vec<KvStorage>> {
+        let bytes = (self.kv_bytes_per_block(block_size) as u64).saturating_mul(num_blocks as u64);
+        crate::resources::check_memory(
+            bytes,
+            &format!("a KV cache of {num_blocks} blocks of {block_size} positions"),
+            "",
+        )?;
         match &self.tp {
             None => Ok(vec![self.model.new_kv_storage(block_size, num_blocks)?]),
             Some(g) => g.lock().unwrap_or_else(|e| e.into_inner()).new_kv(

@@ -1,7 +1,8 @@
 //! Running a model: loading it with its tokenizer ([`Engine`]), the step engine every front end
 //! drives ([`step`]) with its per-request pipeline ([`live`]: sampling, stop strings,
 //! streaming detokenization), single-request generation ([`generate`]), perplexity
-//! ([`perplexity`]), fetching the default model ([`store`]) and tuning ([`tune`]).
+//! ([`perplexity`]), fetching the default model ([`store`]), start-up resource checks
+//! ([`resources`]: threads, KV memory, context) and tuning ([`tune`]).
 
 pub mod engine;
 pub mod generate;
@@ -9,6 +10,7 @@ mod live;
 pub mod overlap_plan;
 pub mod perplexity;
 pub mod request;
+pub mod resources;
 pub mod sampling;
 pub mod step;
 pub mod stop;

@@ -6,10 +6,14 @@
 //! (`$TESSERA_CACHE`, else `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera`), and checks
 //! its size and SHA-256 before moving it into place, so a partial or corrupted download is
 //! never used.
+//!
+//! Everything a fetch says goes to stderr, pip's own output included (its stdout is our
+//! stderr, its stdin is closed): `tessera generate`'s stdout carries the answer alone, even
+//! on the run that fetches the model. `$TESSERA_PYTHON` names the Python to run pip with.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 use tessera_core::{Error, Result};
@@ -117,6 +121,8 @@ fn pull_into(work: &Path, dest: &Path) -> Result<()> {
         ])
         .arg(work)
         .arg(&spec)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::io::stderr()))
         .status()
         .map_err(|e| {
             Error::Other(format!(

@@ -329,6 +329,20 @@ impl TpGroup {
     pub fn layout(&self) -> &TpLayout {
         &self.layout
     }
+    /// Floats per position and layer of the KV storage of each rank held in this process
+    /// (every rank locally; rank 0's only over MPI).
+    pub fn local_kv_dims(&self, head_dim: usize) -> Vec<usize> {
+        #[cfg(feature = "mpi")]
+        if self.mpi.is_some() {
+            return vec![self.layout.ranks[0].kv_heads.len() * head_dim];
+        }
+        self.layout
+            .ranks
+            .iter()
+            .map(|r| r.kv_heads.len() * head_dim)
+            .collect()
+    }
+
     /// One KV storage per rank, each for that rank's KV heads, for a model of `c`.
     pub fn new_kv(
         &mut self,

@@ -56,6 +56,11 @@ fn golden_numerics_match_transformers() {
                 text,
                 "{name}: chat template"
             );
+            assert_eq!(
+                e.tokenizer.encode_chat(&msgs, true).unwrap(),
+                ids(&p["ids"]),
+                "{name}: chat token ids"
+            );
         }
         let want_ids = ids(&p["ids"]);
         assert_eq!(

@@ -7,14 +7,16 @@
 //! The parser works on a byte slice and trusts nothing in it: every count and length is
 //! checked against the bytes that remain before anything is allocated, tensor data must lie
 //! inside the file, and dimensions must multiply without overflow. Errors name the offending
-//! field or tensor. Tensor bytes are never copied: [`GgufFile::tensor`] returns a window into
-//! the memory map.
+//! field or tensor, quoting keys and names read from the file with
+//! [`tessera_core::untrusted::quote`] (escaped, cut short). Tensor bytes are never copied:
+//! [`GgufFile::tensor`] returns a window into the memory map.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
 use memmap2::Mmap;
+use tessera_core::untrusted::quote;
 use tessera_core::{DType, Error, Result, TensorBytes, WeightTensor};
 
 const MAGIC: &[u8; 4] = b"GGUF";
@@ -89,6 +91,15 @@ impl MetaValue {
         match self {
             MetaValue::Array(a) => Some(a),
             _ => None,
+        }
+    }
+
+    /// The value for a message: strings quoted and cut short, arrays by their length.
+    pub fn describe(&self) -> String {
+        match self {
+            MetaValue::String(s) => format!("string {}", quote(s)),
+            MetaValue::Array(a) => format!("array of {} items", a.len()),
+            other => format!("{other:?}"),
         }
     }
 }
@@ -298,30 +309,32 @@ impl GgufFile {
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
             let key = r.string("metadata key")?;
-            let ty = r.u32(&key)?;
-            let v = r.value(ty, &key, 0)?;
-            if metadata.insert(key.clone(), v).is_some() {
-                return Err(bad(format!("duplicate metadata key {key}")));
+            let label = quote(&key);
+            let ty = r.u32(&label)?;
+            let v = r.value(ty, &label, 0)?;
+            if metadata.insert(key, v).is_some() {
+                return Err(bad(format!("duplicate metadata key {label}")));
             }
         }
         let mut tensors = Vec::with_capacity(n_tensors as usize);
         let mut names = std::collections::HashSet::new();
         for i in 0..n_tensors {
             let name = r.string(&format!("tensor {i} name"))?;
-            let n_dims = r.u32(&name)?;
+            let label = format!("tensor {}", quote(&name));
+            let n_dims = r.u32(&label)?;
             if n_dims == 0 || n_dims > MAX_DIMS {
                 return Err(bad(format!(
-                    "tensor {name}: {n_dims} dimensions (expected 1..={MAX_DIMS})"
+                    "{label}: {n_dims} dimensions (expected 1..={MAX_DIMS})"
                 )));
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
-                dims.push(r.u64(&name)?);
+                dims.push(r.u64(&label)?);
             }
-            let ggml_type = r.u32(&name)?;
-            let offset = r.u64(&name)?;
+            let ggml_type = r.u32(&label)?;
+            let offset = r.u64(&label)?;
             if !names.insert(name.clone()) {
-                return Err(bad(format!("duplicate tensor {name}")));
+                return Err(bad(format!("duplicate {label}")));
             }
             tensors.push(TensorInfo {
                 name,
@@ -336,7 +349,8 @@ impl GgufFile {
                 Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a as usize,
                 _ => {
                     return Err(bad(format!(
-                        "general.alignment {v:?} is not a power of two"
+                        "general.alignment {} is not a power of two",
+                        v.describe()
                     )))
                 }
             },
@@ -347,7 +361,8 @@ impl GgufFile {
             if t.offset % alignment as u64 != 0 {
                 return Err(bad(format!(
                     "tensor {}: offset {} is not a multiple of the alignment {alignment}",
-                    t.name, t.offset
+                    quote(&t.name),
+                    t.offset
                 )));
             }
             // Unsupported types are reported when the tensor is used, so a file with an odd
@@ -358,7 +373,7 @@ impl GgufFile {
                 if end.is_none_or(|e| e > data_len as u64) {
                     return Err(bad(format!(
                         "tensor {}: data [{}, +{size}) lies outside the file's {data_len}-byte data section",
-                        t.name, t.offset
+                        quote(&t.name), t.offset
                     )));
                 }
             }
@@ -411,13 +426,19 @@ fn tensor_size(t: &TensorInfo, dtype: DType) -> Result<usize> {
         numel = numel
             .checked_mul(d)
             .filter(|&n| n <= 1 << 40)
-            .ok_or_else(|| bad(format!("tensor {}: absurd dimensions {:?}", t.name, t.dims)))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "tensor {}: absurd dimensions {:?}",
+                    quote(&t.name),
+                    t.dims
+                ))
+            })?;
     }
     let inner = t.dims[0] as usize;
     let row = dtype.row_bytes(inner).ok_or_else(|| {
         bad(format!(
             "tensor {}: row length {inner} is not a multiple of the {dtype} block size",
-            t.name
+            quote(&t.name)
         ))
     })?;
     let rows = if inner == 0 {
@@ -426,251 +447,10 @@ fn tensor_size(t: &TensorInfo, dtype: DType) -> Result<usize> {
         numel as usize / inner
     };
     rows.checked_mul(row)
-        .ok_or_else(|| bad(format!("tensor {}: size overflows", t.name)))
+        .ok_or_else(|| bad(format!("tensor {}: size overflows", quote(&t.name))))
 }
 
-/// Writes GGUF files; used by tests to craft good and bad inputs, and by tools.
-pub mod writer {
-    use super::MetaValue;
-
-    pub struct TensorSpec<'a> {
-        pub name: &'a str,
-        /// ggml order (innermost first).
-        pub dims: &'a [u64],
-        pub ggml_type: u32,
-        pub data: &'a [u8],
-    }
-
-    fn put_str(out: &mut Vec<u8>, s: &str) {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    }
-
-    fn type_id(v: &MetaValue) -> u32 {
-        match v {
-            MetaValue::U8(_) => 0,
-            MetaValue::I8(_) => 1,
-            MetaValue::U16(_) => 2,
-            MetaValue::I16(_) => 3,
-            MetaValue::U32(_) => 4,
-            MetaValue::I32(_) => 5,
-            MetaValue::F32(_) => 6,
-            MetaValue::Bool(_) => 7,
-            MetaValue::String(_) => 8,
-            MetaValue::Array(_) => 9,
-            MetaValue::U64(_) => 10,
-            MetaValue::I64(_) => 11,
-            MetaValue::F64(_) => 12,
-        }
-    }
-
-    fn put_value(out: &mut Vec<u8>, v: &MetaValue) {
-        match v {
-            MetaValue::U8(x) => out.push(*x),
-            MetaValue::I8(x) => out.push(*x as u8),
-            MetaValue::U16(x) => out.extend(x.to_le_bytes()),
-            MetaValue::I16(x) => out.extend(x.to_le_bytes()),
-            MetaValue::U32(x) => out.extend(x.to_le_bytes()),
-            MetaValue::I32(x) => out.extend(x.to_le_bytes()),
-            MetaValue::F32(x) => out.extend(x.to_le_bytes()),
-            MetaValue::Bool(x) => out.push(*x as u8),
-            MetaValue::String(s) => put_str(out, s),
-            MetaValue::Array(items) => {
-                let et = items.first().map(type_id).unwrap_or(4);
-                out.extend(et.to_le_bytes());
-                out.extend((items.len() as u64).to_le_bytes());
-                for it in items {
-                    put_value(out, it);
-                }
-            }
-            MetaValue::U64(x) => out.extend(x.to_le_bytes()),
-            MetaValue::I64(x) => out.extend(x.to_le_bytes()),
-            MetaValue::F64(x) => out.extend(x.to_le_bytes()),
-        }
-    }
-
-    /// Serialises a v3 GGUF file with 32-byte alignment.
-    pub fn write(meta: &[(&str, MetaValue)], tensors: &[TensorSpec]) -> Vec<u8> {
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((tensors.len() as u64).to_le_bytes());
-        out.extend((meta.len() as u64).to_le_bytes());
-        for (k, v) in meta {
-            put_str(&mut out, k);
-            out.extend(type_id(v).to_le_bytes());
-            put_value(&mut out, v);
-        }
-        let mut offset = 0u64;
-        let mut offsets = vec![];
-        for t in tensors {
-            put_str(&mut out, t.name);
-            out.extend((t.dims.len() as u32).to_le_bytes());
-            for d in t.dims {
-                out.extend(d.to_le_bytes());
-            }
-            out.extend(t.ggml_type.to_le_bytes());
-            out.extend(offset.to_le_bytes());
-            offsets.push(offset);
-            offset += (t.data.len() as u64).div_ceil(32) * 32;
-        }
-        while out.len() % 32 != 0 {
-            out.push(0);
-        }
-        let base = out.len();
-        for (t, off) in tensors.iter().zip(offsets) {
-            out.resize(base + off as usize, 0);
-            out.extend(t.data);
-        }
-        out
-    }
-}
+pub mod writer;
 
 #[cfg(test)]
-mod tests {
-    use super::writer::{write, TensorSpec};
-    use super::*;
-
-    fn sample() -> Vec<u8> {
-        let data: Vec<u8> = (0..2 * 64 * 4).map(|i| i as u8).collect();
-        write(
-            &[
-                ("general.architecture", MetaValue::String("llama".into())),
-                ("x.u8", MetaValue::U8(7)),
-                ("x.i8", MetaValue::I8(-7)),
-                ("x.u16", MetaValue::U16(700)),
-                ("x.i16", MetaValue::I16(-700)),
-                ("x.u32", MetaValue::U32(70000)),
-                ("x.i32", MetaValue::I32(-70000)),
-                ("x.f32", MetaValue::F32(1.5)),
-                ("x.bool", MetaValue::Bool(true)),
-                ("x.u64", MetaValue::U64(1 << 40)),
-                ("x.i64", MetaValue::I64(-(1 << 40))),
-                ("x.f64", MetaValue::F64(-2.25)),
-                (
-                    "x.arr",
-                    MetaValue::Array(vec![
-                        MetaValue::String("a".into()),
-                        MetaValue::String("bc".into()),
-                    ]),
-                ),
-                (
-                    "x.nested",
-                    MetaValue::Array(vec![MetaValue::Array(vec![MetaValue::I32(1)])]),
-                ),
-            ],
-            &[TensorSpec {
-                name: "w",
-                dims: &[64, 2],
-                ggml_type: 0,
-                data: &data,
-            }],
-        )
-    }
-
-    #[test]
-    fn reads_every_value_type_and_tensor() {
-        let f = GgufFile::from_bytes(&sample()).unwrap();
-        assert_eq!(f.version, 3);
-        assert_eq!(f.get("x.i16"), Some(&MetaValue::I16(-700)));
-        assert_eq!(f.get("x.u64").unwrap().as_u64(), Some(1 << 40));
-        assert_eq!(f.get("x.f64").unwrap().as_f64(), Some(-2.25));
-        assert_eq!(
-            f.get("x.arr").unwrap().as_array().unwrap()[1].as_str(),
-            Some("bc")
-        );
-        let t = f.tensor(&f.tensors[0]).unwrap();
-        assert_eq!(t.shape, vec![2, 64]);
-        assert_eq!(t.data()[5], 5);
-    }
-
-    fn err_of(bytes: &[u8]) -> String {
-        GgufFile::from_bytes(bytes).unwrap_err().to_string()
-    }
-
-    #[test]
-    fn rejects_corrupt_files_with_clear_errors() {
-        let good = sample();
-        assert!(err_of(b"GG").contains("shorter than"));
-        let mut b = good.clone();
-        b[0] = b'X';
-        assert!(err_of(&b).contains("wrong magic"));
-        let mut b = good.clone();
-        b[4] = 1;
-        assert!(err_of(&b).contains("unsupported version 1"));
-        let mut b = good.clone();
-        b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(err_of(&b).contains("tensor count"));
-        let mut b = good.clone();
-        b[16..24].copy_from_slice(&(1u64 << 50).to_le_bytes());
-        assert!(err_of(&b).contains("metadata count"));
-        // Truncated anywhere: a clear error, never a panic.
-        for cut in [30, 100, 300, good.len() - 1] {
-            let e = err_of(&good[..cut]);
-            assert!(
-                e.contains("truncated")
-                    || e.contains("outside")
-                    || e.contains("cannot fit")
-                    || e.contains("more than"),
-                "{cut}: {e}"
-            );
-        }
-    }
-
-    #[test]
-    fn rejects_tensor_data_outside_file_and_absurd_dims() {
-        let data = vec![0u8; 64 * 4];
-        let b = write(
-            &[],
-            &[TensorSpec {
-                name: "w",
-                dims: &[64, 1],
-                ggml_type: 0,
-                data: &data,
-            }],
-        );
-        // Claim twice the rows.
-        let mut big = b.clone();
-        let pos = big
-            .windows(8)
-            .position(|w| w == 64u64.to_le_bytes())
-            .unwrap();
-        big[pos + 8..pos + 16].copy_from_slice(&2u64.to_le_bytes());
-        assert!(err_of(&big).contains("outside"));
-        let mut absurd = b.clone();
-        absurd[pos + 8..pos + 16].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(err_of(&absurd).contains("absurd dimensions"));
-        let mut misaligned = b.clone();
-        let end = misaligned.len() - 256 - 32 + 24; // offset field: before padding
-        let _ = end;
-        let off_pos = pos + 16 + 4; // dims(2x8) then type(4) then offset
-        misaligned[off_pos..off_pos + 8].copy_from_slice(&3u64.to_le_bytes());
-        assert!(err_of(&misaligned).contains("alignment"));
-    }
-
-    #[test]
-    fn unsupported_type_is_named_on_use() {
-        let data = vec![0u8; 144];
-        let b = write(
-            &[],
-            &[TensorSpec {
-                name: "blk.0.q",
-                dims: &[256, 1],
-                ggml_type: 12,
-                data: &data,
-            }],
-        );
-        let f = GgufFile::from_bytes(&b).unwrap();
-        let e = f.tensor(&f.tensors[0]).unwrap_err().to_string();
-        assert_eq!(e, "unsupported tensor type Q4_K for tensor blk.0.q");
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn arbitrary_corruption_never_panics(pos in 0usize..400, byte in 0u8..=255) {
-            let mut b = sample();
-            let p = pos % b.len();
-            b[p] = byte;
-            let _ = GgufFile::from_bytes(&b);
-        }
-    }
-}
+mod tests;

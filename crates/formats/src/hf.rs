@@ -3,7 +3,9 @@
 //! (chat template, BOS handling) and `generation_config.json` (extra EOS ids).
 //!
 //! Tensor names are mapped to GGUF's canonical names so the model code sees one naming.
-//! Safetensors q/k rows are in "rotate half" order, hence [`RopeStyle::Neox`].
+//! Safetensors q/k rows are in "rotate half" order, hence [`RopeStyle::Neox`]. Shards named
+//! by the index must be plain file names inside the folder; values quoted in errors are
+//! escaped and cut short ([`tessera_core::untrusted`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -13,6 +15,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use serde_json::Value;
+use tessera_core::untrusted::{quote, sanitize};
 use tessera_core::{DType, Error, Result, TensorBytes, WeightTensor};
 
 use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
@@ -107,7 +110,8 @@ fn rope_scaling(v: &Option<Value>) -> Result<RopeScaling> {
         },
         other => {
             return Err(Error::Config(format!(
-                "unsupported rope_scaling type {other:?}"
+                "unsupported rope_scaling type {}",
+                quote(other)
             )))
         }
     })
@@ -139,6 +143,20 @@ fn safetensor_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
                 )
             })?;
         let files: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
+        // A shard outside the folder (`../x`, `/dev/...`) is not the model's.
+        if let Some(f) = files.iter().find(|f| {
+            let p = Path::new(f);
+            p.file_name().and_then(|n| n.to_str()) != Some(**f) || p.components().count() != 1
+        }) {
+            return Err(Error::malformed(
+                "safetensors index",
+                format!(
+                    "{}: shard {} is not a file name in the model folder",
+                    index.display(),
+                    quote(f)
+                ),
+            ));
+        }
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
     }
     let single = dir.join("model.safetensors");
@@ -266,7 +284,7 @@ pub fn load_hf_folder(dir: &Path) -> Result<ModelFiles> {
     };
     let name = dir
         .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
+        .map(|s| sanitize(&s.to_string_lossy(), 128))
         .unwrap_or_default();
     Ok(ModelFiles {
         name,

@@ -1,9 +1,15 @@
-//! Opens a model (a GGUF file or a Hugging Face folder) into [`ModelFiles`].
+//! Opens a model (a GGUF file or a Hugging Face folder) into [`ModelFiles`]. Strings from
+//! the file that reach messages or logs (the model's name, unknown values) are escaped and
+//! cut short ([`tessera_core::untrusted`]).
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use tessera_core::untrusted::{quote, sanitize};
 use tessera_core::{Error, Result, WeightTensor};
+
+/// Longest model name kept from a file (`general.name`).
+const NAME_CHARS: usize = 128;
 
 use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
 use crate::gguf::{GgufFile, MetaValue};
@@ -186,7 +192,8 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
             },
             Some(other) => {
                 return Err(Error::Config(format!(
-                    "unsupported rope scaling type {other:?}"
+                    "unsupported rope scaling type {}",
+                    quote(other)
                 )))
             }
         },
@@ -213,10 +220,10 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
     let name = f
         .get("general.name")
         .and_then(MetaValue::as_str)
-        .map(str::to_string)
+        .map(|n| sanitize(n, NAME_CHARS))
         .unwrap_or_else(|| {
             path.file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
+                .map(|s| sanitize(&s.to_string_lossy(), NAME_CHARS))
                 .unwrap_or_default()
         });
     Ok(ModelFiles {
@@ -286,7 +293,8 @@ fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
         }
         other => {
             return Err(Error::Tokenizer(format!(
-                "unsupported GGUF tokenizer model {other:?} (supported: gpt2, llama)"
+                "unsupported GGUF tokenizer model {} (supported: gpt2, llama)",
+                quote(other)
             )))
         }
     };

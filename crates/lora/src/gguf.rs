@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use tessera_core::untrusted::quote;
 use tessera_core::{Error, Result};
 use tessera_formats::gguf::{GgufFile, MetaValue};
 use tessera_formats::{Arch, ModelConfig};
@@ -24,9 +25,9 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
         return Err(bad(
             path,
             format!(
-                "not a GGUF LoRA adapter (general.type {:?}, adapter.type {:?})",
-                meta("general.type"),
-                meta("adapter.type")
+                "not a GGUF LoRA adapter (general.type {}, adapter.type {})",
+                meta("general.type").map_or("none".into(), quote),
+                meta("adapter.type").map_or("none".into(), quote)
             ),
         ));
     }
@@ -39,7 +40,8 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
         return Err(bad(
             path,
             format!(
-                "made for architecture {arch:?}, the base model is {:?}",
+                "made for architecture {}, the base model is {:?}",
+                quote(arch),
                 base.arch
             ),
         ));
@@ -64,7 +66,10 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
         let Some((layer, target, is_b)) = parsed else {
             return Err(bad(
                 path,
-                format!("tensor {} is not a LoRA factor of a projection", info.name),
+                format!(
+                    "tensor {} is not a LoRA factor of a projection",
+                    quote(&info.name)
+                ),
             ));
         };
         pairs.entry((layer, target)).or_default()[is_b as usize] = Some(f.tensor(info)?);

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
+use tessera_core::untrusted::quote;
 use tessera_core::{Error, Result};
 use tessera_formats::ModelConfig;
 
@@ -36,7 +37,10 @@ impl PeftConfig {
         if peft_type != "LORA" {
             return Err(bad(
                 path,
-                format!("peft_type {peft_type:?} is not supported (only LORA)"),
+                format!(
+                    "peft_type {} is not supported (only LORA)",
+                    quote(peft_type)
+                ),
             ));
         }
         let truthy = |k: &str| field(k).and_then(Value::as_bool).unwrap_or(false);
@@ -54,7 +58,7 @@ impl PeftConfig {
             if b != "none" {
                 return Err(bad(
                     path,
-                    format!("bias {b:?} is not supported (only \"none\")"),
+                    format!("bias {} is not supported (only \"none\")", quote(b)),
                 ));
             }
         }
@@ -77,8 +81,9 @@ impl PeftConfig {
                     return Err(bad(
                         path,
                         format!(
-                        "target_modules as a pattern ({s:?}) is not supported; list the modules"
-                    ),
+                            "target_modules as a pattern ({}) is not supported; list the modules",
+                            quote(s)
+                        ),
                     ))
                 }
                 Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
@@ -88,8 +93,9 @@ impl PeftConfig {
                 return Err(bad(
                     path,
                     format!(
-                        "target module {n:?} is not a projection of this architecture \
-                         (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
+                        "target module {} is not a projection of this architecture \
+                         (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+                        quote(n)
                     ),
                 ));
             }
@@ -108,9 +114,9 @@ impl PeftConfig {
                 Some(Value::Object(o)) => o
                     .iter()
                     .map(|(key, val)| {
-                        val.as_f64()
-                            .map(|x| (key.clone(), x))
-                            .ok_or_else(|| bad(path, format!("{k}[{key:?}] must be a number")))
+                        val.as_f64().map(|x| (key.clone(), x)).ok_or_else(|| {
+                            bad(path, format!("{k}[{}] must be a number", quote(key)))
+                        })
                     })
                     .collect(),
                 Some(_) => Err(bad(path, format!("{k} must be an object"))),
@@ -124,7 +130,10 @@ impl PeftConfig {
                 } else {
                     Err(bad(
                         path,
-                        format!("rank_pattern[{k:?}] = {v} is not a positive integer"),
+                        format!(
+                            "rank_pattern[{}] = {v} is not a positive integer",
+                            quote(&k)
+                        ),
                     ))
                 }
             })
@@ -207,7 +216,7 @@ fn to_f32(t: &safetensors::tensor::TensorView, name: &str, path: &Path) -> Resul
         d => {
             return Err(bad(
                 path,
-                format!("tensor {name} has unsupported dtype {d:?}"),
+                format!("tensor {} has unsupported dtype {d:?}", quote(name)),
             ))
         }
     })
@@ -236,7 +245,10 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
         let Some((layer, target, is_b, full)) = parse_name(&name) else {
             return Err(bad(
                 dir,
-                format!("tensor {name} is not a LoRA factor of a q/k/v/o/gate/up/down projection"),
+                format!(
+                    "tensor {} is not a LoRA factor of a q/k/v/o/gate/up/down projection",
+                    quote(&name)
+                ),
             ));
         };
         let values = to_f32(&t, &name, dir)?;

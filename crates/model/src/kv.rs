@@ -3,9 +3,28 @@
 //! sharing live in the KV bookkeeping, which holds no tensors.
 //!
 //! Layout per layer: `[block][slot][kv_dim]` f32, for K and V separately, so one position's
-//! key for all KV heads is contiguous.
+//! key for all KV heads is contiguous. The buffers are allocated zeroed and fallibly: a
+//! cache the allocator cannot give is an error, not an abort, and its pages are only
+//! touched as positions are written.
 
 use tessera_core::{Error, Result};
+
+/// `n` zeros, or an error when the allocator cannot give them (instead of aborting).
+pub fn zeroed_f32(n: usize) -> Result<Vec<f32>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let too_big = || Error::Config(format!("cannot allocate {n} floats for the KV cache"));
+    let layout = std::alloc::Layout::array::<f32>(n).map_err(|_| too_big())?;
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return Err(too_big());
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `[f32; n]`, so a
+    // `Vec` of capacity `n` may own it; all-zero bytes are `n` valid `0.0` values.
+    Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
 
 #[derive(Default)]
 pub struct KvStorage {
@@ -33,8 +52,12 @@ impl KvStorage {
             block_size,
             num_blocks,
             kv_dim,
-            k: (0..layers).map(|_| vec![0f32; per_layer]).collect(),
-            v: (0..layers).map(|_| vec![0f32; per_layer]).collect(),
+            k: (0..layers)
+                .map(|_| zeroed_f32(per_layer))
+                .collect::<Result<_>>()?,
+            v: (0..layers)
+                .map(|_| zeroed_f32(per_layer))
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -100,5 +123,20 @@ impl KvStorage {
             self.k[l].copy_within(f..f + n, t);
             self.v[l].copy_within(f..f + n, t);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocation_failures_are_errors() {
+        assert_eq!(zeroed_f32(3).unwrap(), [0.0; 3]);
+        assert!(zeroed_f32(0).unwrap().is_empty());
+        assert!(zeroed_f32(usize::MAX / 2).is_err());
+        // 32 PB: more than any address space gives.
+        let e = KvStorage::new(30, 576, 16, 1 << 40).err().unwrap();
+        assert!(e.to_string().contains("cannot allocate"), "{e}");
     }
 }

@@ -418,13 +418,10 @@ async fn chat_inner(
         }
         msgs.push(ChatMessage::new(&m.role, &api::message_text(m)?));
     }
-    let text = state
-        .tokenizer
-        .apply_chat_template(&msgs, true)
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    // Message contents are text: special tokens in them are not parsed.
     let ids = state
         .tokenizer
-        .encode(&text)
+        .encode_chat(&msgs, true)
         .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
     check_prompt_len(&state, &ids)?;
     let subs = submit_all(&state, &[ids], &spec, &adapter)?;

@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
+use tessera_core::untrusted::quote;
 use tessera_core::{Error, Result};
 use tessera_formats::TokenizerSource;
 
@@ -53,7 +54,7 @@ fn pre_tokenizer(pre: &str) -> (Value, bool) {
         ),
         "default" | "gpt2" | "gpt-2" => (byte_level(true), false),
         other => {
-            tracing::warn!("unknown GGUF pre-tokenizer {other:?}; using GPT-2's");
+            tracing::warn!("unknown GGUF pre-tokenizer {}; using GPT-2's", quote(other));
             (
                 json!({"type": "Sequence", "pretokenizers": [split(GPT2_REGEX), byte_level(false)]}),
                 false,
@@ -97,7 +98,8 @@ pub fn tokenizer_json(source: &TokenizerSource) -> Result<Value> {
             for m in merges {
                 if m.split(' ').count() != 2 {
                     return Err(Error::Tokenizer(format!(
-                        "malformed merge {m:?} (expected \"left right\")"
+                        "malformed merge {} (expected \"left right\")",
+                        quote(m)
                     )));
                 }
             }
@@ -177,7 +179,7 @@ fn spm_merges(tokens: &[String], types: &[i32], scores: &[f32]) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::Tokenizer;
     use tessera_formats::TokenizerSpec;
@@ -193,7 +195,12 @@ mod tests {
     }
 
     /// A byte-level vocabulary: all 256 byte symbols plus a few merges.
-    fn tiny_bpe(pre: &str) -> Tokenizer {
+    pub(crate) fn tiny_bpe(pre: &str) -> Tokenizer {
+        tiny_bpe_with(pre, None)
+    }
+
+    /// [`tiny_bpe`] with a chat template.
+    pub(crate) fn tiny_bpe_with(pre: &str, chat_template: Option<&str>) -> Tokenizer {
         let mut tokens: Vec<String> = vec![
             "<|endoftext|>".into(),
             "<|im_start|>".into(),
@@ -226,7 +233,7 @@ mod tests {
             .to_vec();
         let mut types = vec![1; tokens.len()];
         types[..3].fill(TYPE_CONTROL);
-        Tokenizer::from_spec(&spec(
+        let mut spec = spec(
             TokenizerSource::GgufBpe {
                 tokens,
                 token_types: types,
@@ -234,8 +241,9 @@ mod tests {
                 pre: pre.into(),
             },
             false,
-        ))
-        .unwrap()
+        );
+        spec.chat_template = chat_template.map(String::from);
+        Tokenizer::from_spec(&spec).unwrap()
     }
 
     #[test]

@@ -2,25 +2,43 @@
 //!
 //! Every tokenizer is a `tokenizers::Tokenizer`: a `tokenizer.json` is loaded as is; a GGUF
 //! vocabulary is first written out as the equivalent `tokenizer.json` document ([`gguf`]), so
-//! both paths share one implementation. Special tokens written in the text (`<|im_start|>`)
-//! are matched as special tokens, as Hugging Face tokenizers do.
+//! both paths share one implementation. Special tokens written in raw text (`<|im_start|>`)
+//! are matched as special tokens, as Hugging Face tokenizers do; in chat messages they are
+//! not ([`Tokenizer::encode_chat`], [`chat_ids`]).
+//!
+//! A [`Tokenizer`] is `Send + Sync` and every method takes `&self`: one is shared by all
+//! request handlers, and chat rendering is bounded ([`chat`]) so it may run on a blocking
+//! pool.
 
 pub mod chat;
+mod chat_ids;
 pub mod gguf;
 mod stream;
+#[cfg(test)]
+mod tests;
 
-use tessera_core::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use tessera_core::{Error, Result, TemplateError};
 use tessera_formats::{TokenizerSource, TokenizerSpec};
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
 pub use stream::StreamDecoder;
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special tokens read as plain text (made on first need).
+    plain: OnceLock<tokenizers::Tokenizer>,
+    specials: OnceLock<chat_ids::Specials>,
     bos_id: Option<u32>,
     eos_ids: Vec<u32>,
     add_bos: bool,
-    chat: Option<ChatTemplate>,
+    /// The compiled template, or why there is none (kept, and reported when chat is used,
+    /// so a broken template does not stop what never renders it).
+    chat: std::result::Result<ChatTemplate, TemplateError>,
+    chat_source: String,
+    allow_special_in_content: AtomicBool,
     /// Cached: `tokenizers` rebuilds its whole vocabulary map to count it.
     vocab_size: usize,
 }
@@ -39,10 +57,14 @@ impl Tokenizer {
         let vocab_size = inner.get_vocab_size(true);
         let mut t = Tokenizer {
             inner,
+            plain: OnceLock::new(),
+            specials: OnceLock::new(),
             bos_id: spec.bos_id,
             eos_ids: spec.eos_ids.clone(),
             add_bos: spec.add_bos,
-            chat: None,
+            chat: Err(TemplateError::Missing),
+            chat_source: String::new(),
+            allow_special_in_content: AtomicBool::new(false),
             vocab_size,
         };
         if let Some(src) = &spec.chat_template {
@@ -55,7 +77,15 @@ impl Tokenizer {
                 .first()
                 .and_then(|&i| t.inner.id_to_token(i))
                 .unwrap_or_default();
-            t.chat = Some(ChatTemplate::new(src, &bos, &eos)?);
+            t.chat = match ChatTemplate::new(src, &bos, &eos) {
+                Ok(c) => Ok(c),
+                Err(Error::ChatTemplate(e)) => {
+                    tracing::warn!("{e}; chat requests will fail, the rest works");
+                    Err(e)
+                }
+                Err(e) => return Err(e),
+            };
+            t.chat_source = src.clone();
         }
         Ok(t)
     }
@@ -64,6 +94,12 @@ impl Tokenizer {
     /// the model asks for it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self.inner.encode(text, true).map_err(tok_err)?;
+        Ok(self.with_bos(enc))
+    }
+
+    /// The ids of a post-processed encoding, BOS first when the model asks for it and the
+    /// post-processor did not add it.
+    fn with_bos(&self, enc: tokenizers::Encoding) -> Vec<u32> {
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if self.add_bos {
             if let Some(b) = self.bos_id {
@@ -73,7 +109,69 @@ impl Tokenizer {
             }
         }
         ids.extend_from_slice(enc.get_ids());
-        Ok(ids)
+        ids
+    }
+
+    /// Token ids of `messages` rendered by the model's chat template: the template's own
+    /// text parses special tokens, the messages' roles and contents do not (unless
+    /// [`Tokenizer::set_allow_special_in_content`] says so); see [`chat_ids`].
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>> {
+        let chat = self.chat.as_ref().map_err(|e| e.clone())?;
+        if self.allow_special_in_content() {
+            return self.encode(&chat.render(messages, add_generation_prompt)?);
+        }
+        let specials = self.specials.get_or_init(|| {
+            chat_ids::Specials::new(
+                self.inner
+                    .get_added_tokens_decoder()
+                    .into_values()
+                    .filter(|t| t.special)
+                    .map(|t| t.content),
+            )
+        });
+        let (safe, sentinels) = chat_ids::neutralise_messages(
+            messages,
+            specials,
+            &[&self.chat_source, chat.bos_token(), chat.eos_token()],
+        )?;
+        let text = chat.render(&safe, add_generation_prompt)?;
+        if sentinels.is_empty() {
+            return self.encode(&text);
+        }
+        let plain = self.plain.get_or_init(|| {
+            let mut p = self.inner.clone();
+            p.set_encode_special_tokens(true);
+            p
+        });
+        let mut parts = vec![];
+        for piece in chat_ids::pieces(&text, &sentinels) {
+            let enc = match piece {
+                chat_ids::Piece::Markup(s) => self.inner.encode(s.as_str(), false),
+                chat_ids::Piece::Plain(s) => plain.encode(s.as_str(), false),
+            };
+            parts.push(enc.map_err(tok_err)?);
+        }
+        let merged = tokenizers::Encoding::merge(parts, true);
+        let enc = self
+            .inner
+            .post_process(merged, None, true)
+            .map_err(tok_err)?;
+        Ok(self.with_bos(enc))
+    }
+
+    /// Whether chat message contents may carry special tokens (off by default: a user's
+    /// `<|im_end|>` is text). Raw-text [`Tokenizer::encode`] always parses them.
+    pub fn set_allow_special_in_content(&self, allow: bool) {
+        self.allow_special_in_content
+            .store(allow, Ordering::Relaxed);
+    }
+
+    pub fn allow_special_in_content(&self) -> bool {
+        self.allow_special_in_content.load(Ordering::Relaxed)
     }
 
     /// Text of `ids`, special tokens included verbatim.
@@ -101,20 +199,25 @@ impl Tokenizer {
         self.bos_id
     }
 
+    /// The compiled chat template; `None` when the model has none or it does not parse
+    /// ([`Tokenizer::chat_template_error`] says which).
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
-        self.chat.as_ref()
+        self.chat.as_ref().ok()
     }
 
-    /// Renders `messages` with the model's chat template.
+    pub fn chat_template_error(&self) -> Option<&TemplateError> {
+        self.chat.as_ref().err()
+    }
+
+    /// Renders `messages` with the model's chat template, as text (message contents
+    /// verbatim: encoding this text parses special tokens anywhere in it; to tokenize a
+    /// conversation use [`Tokenizer::encode_chat`]).
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let chat = self
-            .chat
-            .as_ref()
-            .ok_or_else(|| Error::Tokenizer("this model has no chat template".into()))?;
+        let chat = self.chat.as_ref().map_err(|e| e.clone())?;
         chat.render(messages, add_generation_prompt)
     }
 

@@ -54,6 +54,8 @@ pub fn generate(
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationStats> {
+    // Before the clamp to the context below, so every front end refuses the same values.
+    req.validate().map_err(|e| Error::Other(e.to_string()))?;
     let ctx_len = engine.config.max_position;
     let n_prompt = req.prompt_ids.len();
     if n_prompt == 0 {

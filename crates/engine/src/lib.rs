@@ -1,11 +1,13 @@
 //! Running a model: loading it with its tokenizer ([`Engine`]), the step engine every front end
 //! drives ([`step`]) with its per-request pipeline ([`live`]: sampling, stop strings,
-//! streaming detokenization), single-request generation ([`generate`]), perplexity
-//! ([`perplexity`]), fetching the default model ([`store`]) and tuning ([`tune`]).
+//! streaming detokenization), the accepted range of every generation parameter ([`params`]),
+//! single-request generation ([`generate`]), perplexity ([`perplexity`]), fetching the default
+//! model ([`store`]) and tuning ([`tune`]).
 
 pub mod engine;
 pub mod generate;
 mod live;
+pub mod params;
 pub mod perplexity;
 pub mod request;
 pub mod sampling;
@@ -21,6 +23,7 @@ pub mod tuning;
 pub use engine::{Engine, TpBackend};
 pub use generate::GenerationStats;
 pub use live::token_logprob;
+pub use params::ParamError;
 pub use request::{FinishReason, GenerateRequest, RequestEvent, SubmitError, TokenLogprob};
 pub use sampling::{Sampler, SamplingParams};
 pub use step::{StepEngine, StepOutcome};

@@ -2,11 +2,17 @@
 //! their validation into a [`GenSpec`] (each invalid field is named), and the response and
 //! stream-chunk bodies. Extensions beyond OpenAI's schema: `top_k`, `min_p`,
 //! `repetition_penalty`, `ignore_eos` and `priority` (lower runs first; default 0).
+//!
+//! As in OpenAI's API, `null` is accepted for every optional field and means its default.
+//! The ranges are the engine's ([`tessera_engine::params`]), shared with `tessera generate`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
+use tessera_engine::params::{self, IntRange};
 pub use tessera_engine::{FinishReason, TokenLogprob};
-use tessera_engine::{GenerateRequest, SamplingParams};
+use tessera_engine::{GenerateRequest, ParamError, SamplingParams};
+
+use crate::text::quote;
 
 /// A request's problem, reported as HTTP 400 naming the field.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,9 +40,26 @@ impl ApiError {
             kind,
         }
     }
+    /// The JSON error body; the message made safe to print.
     pub fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": Value::Null}})
+        json!({"error": {"message": crate::text::safe_message(&self.message), "type": self.kind,
+            "param": self.param, "code": Value::Null}})
     }
+}
+
+impl From<ParamError> for ApiError {
+    fn from(e: ParamError) -> Self {
+        ApiError::invalid(e.param, e.message)
+    }
+}
+
+/// A field where `null` means the same as leaving it out: the type's default.
+fn null_is_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// `stop`: a string or a list of strings.
@@ -47,18 +70,30 @@ pub enum StopField {
     Many(Vec<String>),
 }
 
-/// `prompt`: a string, or a list holding one string, or token ids.
+/// `prompt`: a string, a list of strings, token ids, or a list of token-id lists.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum PromptField {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl PromptField {
+    /// How many prompts (each runs `n` sequences).
+    pub fn count(&self) -> usize {
+        match self {
+            PromptField::Text(_) | PromptField::Tokens(_) => 1,
+            PromptField::Texts(v) => v.len(),
+            PromptField::TokenLists(v) => v.len(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
 pub struct StreamOptions {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub include_usage: bool,
 }
 
@@ -78,11 +113,11 @@ pub struct CommonParams {
     pub stop: Option<StopField>,
     pub seed: Option<i64>,
     pub n: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub priority: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub ignore_eos: bool,
 }
 
@@ -91,7 +126,7 @@ pub struct CompletionRequest {
     pub prompt: PromptField,
     /// Number of top alternatives per token (0..=20), as in OpenAI's legacy API.
     pub logprobs: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub echo: bool,
     #[serde(flatten)]
     pub common: CommonParams,
@@ -120,189 +155,134 @@ pub struct Message {
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
     #[serde(flatten)]
     pub common: CommonParams,
 }
 
-/// A validated generation request (one choice; `n` copies are made by the caller).
-#[derive(Debug, Clone, PartialEq)]
+/// A validated generation request: the engine request of one choice (without its prompt)
+/// and how many choices of each prompt to run and how to answer.
+#[derive(Debug, Clone)]
 pub struct GenSpec {
-    pub max_tokens: usize,
-    pub params: SamplingParams,
-    pub stop: Vec<String>,
+    pub base: GenerateRequest,
     pub n: usize,
     pub stream: bool,
     pub include_usage: bool,
-    pub priority: i32,
-    /// Top alternatives to report per token, if logprobs were asked for.
-    pub logprobs: Option<usize>,
-    pub ignore_eos: bool,
 }
 
 impl GenSpec {
+    /// Top alternatives to report per token, if logprobs were asked for.
+    pub fn logprobs(&self) -> Option<usize> {
+        self.base.logprobs
+    }
+
     /// The engine request for one choice over `prompt`; `seed_offset` keeps the `n` choices
     /// of one request from sampling identically under a seed.
     pub fn request(&self, prompt: Vec<u32>, seed_offset: u64) -> GenerateRequest {
-        let mut params = self.params.clone();
-        params.seed = params.seed.map(|s| s.wrapping_add(seed_offset));
-        GenerateRequest {
-            prompt_ids: prompt,
-            max_tokens: self.max_tokens,
-            params,
-            stop: self.stop.clone(),
-            ignore_eos: self.ignore_eos,
-            logprobs: self.logprobs,
-            priority: self.priority,
-            adapter: None,
-        }
+        let mut req = self.base.clone();
+        req.prompt_ids = prompt;
+        req.params.seed = req.params.seed.map(|s| s.wrapping_add(seed_offset));
+        req
     }
 }
 
-fn finite(name: &str, v: f64) -> Result<f64, ApiError> {
-    if v.is_finite() {
-        Ok(v)
-    } else {
-        Err(ApiError::invalid(
-            name,
-            format!("{name} must be a finite number"),
-        ))
-    }
+/// Choices per prompt (`n`).
+pub const CHOICES: IntRange = IntRange {
+    param: "n",
+    min: 1,
+    max: 16,
+};
+
+/// A number of top logprobs, in range, under the endpoint's name for it.
+pub struct LogprobsAsked {
+    pub count: i64,
+    pub param: &'static str,
 }
 
-/// Validates the shared fields; `logprobs` is the endpoint's top-logprobs count.
+/// Validates the shared fields; `logprobs` is the endpoint's top-logprobs count. The
+/// ranges and messages are [`GenerateRequest::validate`]'s, the CLI's too.
 pub fn validate(
     c: &CommonParams,
-    logprobs: Option<i64>,
+    logprobs: Option<LogprobsAsked>,
     default_max_tokens: usize,
 ) -> Result<GenSpec, ApiError> {
-    let max_tokens = match c.max_completion_tokens.or(c.max_tokens) {
-        None => default_max_tokens,
-        Some(v) if v >= 1 && v <= 1 << 20 => v as usize,
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                format!("max_tokens must be at least 1 (got {v})"),
-            ))
-        }
+    // Integers are checked at their wire width before they are narrowed.
+    let max_tokens = match (c.max_completion_tokens, c.max_tokens) {
+        (Some(v), _) => params::MAX_TOKENS.named("max_completion_tokens").check(v)? as usize,
+        (None, Some(v)) => params::MAX_TOKENS.check(v)? as usize,
+        (None, None) => default_max_tokens,
     };
-    let temperature = finite("temperature", c.temperature.unwrap_or(1.0))?;
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::invalid(
-            "temperature",
-            format!("temperature must be between 0 and 2 (got {temperature})"),
-        ));
-    }
-    let top_p = finite("top_p", c.top_p.unwrap_or(1.0))?;
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            "top_p",
-            format!("top_p must be in (0, 1] (got {top_p})"),
-        ));
-    }
+    let logprobs = match logprobs {
+        None => None,
+        Some(l) => Some(params::LOGPROBS.named(l.param).check(l.count)? as usize),
+    };
+    let priority = params::PRIORITY.check(c.priority.unwrap_or(0))? as i32;
+    let n = CHOICES.check(c.n.unwrap_or(1))? as usize;
     let top_k = match c.top_k.unwrap_or(0) {
         -1 | 0 => 0,
-        k if k > 0 => k as usize,
+        k if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
         k => {
             return Err(ApiError::invalid(
                 "top_k",
-                format!("top_k must be -1, 0 or positive (got {k})"),
+                format!("top_k must be -1 or 0 (no limit) or positive (got {k})"),
             ))
         }
     };
-    let min_p = finite("min_p", c.min_p.unwrap_or(0.0))?;
-    if !(0.0..=1.0).contains(&min_p) {
-        return Err(ApiError::invalid(
-            "min_p",
-            format!("min_p must be between 0 and 1 (got {min_p})"),
-        ));
-    }
-    let pp = finite("presence_penalty", c.presence_penalty.unwrap_or(0.0))?;
-    if !(-2.0..=2.0).contains(&pp) {
-        return Err(ApiError::invalid(
-            "presence_penalty",
-            format!("presence_penalty must be between -2 and 2 (got {pp})"),
-        ));
-    }
-    let fp = finite("frequency_penalty", c.frequency_penalty.unwrap_or(0.0))?;
-    if !(-2.0..=2.0).contains(&fp) {
-        return Err(ApiError::invalid(
-            "frequency_penalty",
-            format!("frequency_penalty must be between -2 and 2 (got {fp})"),
-        ));
-    }
-    let rp = finite("repetition_penalty", c.repetition_penalty.unwrap_or(1.0))?;
-    if !(rp > 0.0 && rp <= 10.0) {
-        return Err(ApiError::invalid(
-            "repetition_penalty",
-            format!("repetition_penalty must be in (0, 10] (got {rp})"),
-        ));
-    }
     let stop = match &c.stop {
         None => vec![],
         Some(StopField::One(s)) => vec![s.clone()],
         Some(StopField::Many(v)) => v.clone(),
     };
-    if stop.len() > 16 {
-        return Err(ApiError::invalid("stop", "at most 16 stop strings"));
+    if c.stream_options.is_some() && !c.stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        ));
     }
-    if stop.iter().any(|s| s.is_empty()) {
-        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
-    }
-    let n = match c.n.unwrap_or(1) {
-        v if (1..=16).contains(&v) => v as usize,
-        v => {
-            return Err(ApiError::invalid(
-                "n",
-                format!("n must be between 1 and 16 (got {v})"),
-            ))
-        }
-    };
-    let logprobs = match logprobs {
-        None => None,
-        Some(v) if (0..=20).contains(&v) => Some(v as usize),
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "logprobs",
-                format!("logprobs must be between 0 and 20 (got {v})"),
-            ))
-        }
-    };
-    let priority = match c.priority.unwrap_or(0) {
-        p if (-1000..=1000).contains(&p) => p as i32,
-        p => {
-            return Err(ApiError::invalid(
-                "priority",
-                format!("priority must be between -1000 and 1000 (got {p})"),
-            ))
-        }
-    };
-    let seed = match c.seed {
-        None => None,
-        Some(s) => Some(s as u64),
-    };
-    Ok(GenSpec {
+    let base = GenerateRequest {
+        prompt_ids: vec![],
         max_tokens,
         params: SamplingParams {
-            temperature: temperature as f32,
+            temperature: c.temperature.unwrap_or(1.0) as f32,
             top_k,
-            top_p: top_p as f32,
-            min_p: min_p as f32,
-            repetition_penalty: rp as f32,
-            presence_penalty: pp as f32,
-            frequency_penalty: fp as f32,
-            seed,
+            top_p: c.top_p.unwrap_or(1.0) as f32,
+            min_p: c.min_p.unwrap_or(0.0) as f32,
+            repetition_penalty: c.repetition_penalty.unwrap_or(1.0) as f32,
+            presence_penalty: c.presence_penalty.unwrap_or(0.0) as f32,
+            frequency_penalty: c.frequency_penalty.unwrap_or(0.0) as f32,
+            seed: c.seed.map(|s| s as u64),
         },
         stop,
+        ignore_eos: c.ignore_eos,
+        logprobs,
+        priority,
+        adapter: None,
+    };
+    base.validate()?;
+    Ok(GenSpec {
+        base,
         n,
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        priority,
-        logprobs,
-        ignore_eos: c.ignore_eos,
     })
+}
+
+/// The top-logprobs count a chat request asks for: `top_logprobs` (default 0) when
+/// `logprobs` is true; `top_logprobs` without `logprobs: true` is refused, as OpenAI does.
+pub fn chat_logprobs_asked(req: &ChatRequest) -> Result<Option<LogprobsAsked>, ApiError> {
+    match (req.logprobs, req.top_logprobs) {
+        (true, top) => Ok(Some(LogprobsAsked {
+            count: top.unwrap_or(0),
+            param: "top_logprobs",
+        })),
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs requires logprobs to be true",
+        )),
+    }
 }
 
 /// The text of a chat message's content.
@@ -316,7 +296,7 @@ pub fn message_text(m: &Message) -> Result<String, ApiError> {
                 if p.kind != "text" {
                     return Err(ApiError::invalid(
                         "messages",
-                        format!("content part type {:?} is not supported", p.kind),
+                        format!("content part type {} is not supported", quote(&p.kind)),
                     ));
                 }
                 s.push_str(p.text.as_deref().unwrap_or(""));
@@ -362,27 +342,47 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    fn asked(count: i64) -> Option<LogprobsAsked> {
+        Some(LogprobsAsked {
+            count,
+            param: "logprobs",
+        })
+    }
+
     #[test]
     fn defaults_and_ranges() {
         let g = validate(&common(json!({})), None, 16).unwrap();
-        assert_eq!((g.max_tokens, g.n, g.params.temperature), (16, 1, 1.0));
+        assert_eq!(
+            (g.base.max_tokens, g.n, g.base.params.temperature),
+            (16, 1, 1.0)
+        );
         for (body, field) in [
             (json!({"temperature": 3.0}), "temperature"),
             (json!({"top_p": 0.0}), "top_p"),
             (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_tokens": 2_000_000}), "max_tokens"),
+            (
+                json!({"max_completion_tokens": -1}),
+                "max_completion_tokens",
+            ),
             (json!({"n": 0}), "n"),
             (json!({"top_k": -5}), "top_k"),
             (json!({"min_p": 1.5}), "min_p"),
             (json!({"presence_penalty": 3}), "presence_penalty"),
+            (json!({"repetition_penalty": 0}), "repetition_penalty"),
             (json!({"stop": ["", "x"]}), "stop"),
             (json!({"priority": 5000}), "priority"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
         ] {
             let e = validate(&common(body.clone()), None, 16).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(field), "{body}");
             assert_eq!(e.status, 400);
         }
         assert_eq!(
-            validate(&common(json!({})), Some(25), 16)
+            validate(&common(json!({})), asked(25), 16)
                 .unwrap_err()
                 .param
                 .as_deref(),
@@ -390,17 +390,126 @@ mod tests {
         );
     }
 
+    /// Every limit an error quotes is the one enforced: the value just inside passes, the
+    /// value just outside fails with a message naming both bounds.
+    #[test]
+    fn messages_quote_the_enforced_limits() {
+        for (field, inside, outside, range) in [
+            (
+                "max_tokens",
+                json!(1 << 20),
+                json!((1 << 20) + 1),
+                "between 1 and 1048576",
+            ),
+            ("max_tokens", json!(1), json!(0), "between 1 and 1048576"),
+            ("temperature", json!(2.0), json!(2.01), "between 0 and 2"),
+            (
+                "top_p",
+                json!(1.0),
+                json!(1.01),
+                "greater than 0 and at most 1",
+            ),
+            ("min_p", json!(1.0), json!(1.01), "between 0 and 1"),
+            (
+                "presence_penalty",
+                json!(-2.0),
+                json!(-2.01),
+                "between -2 and 2",
+            ),
+            (
+                "frequency_penalty",
+                json!(2.0),
+                json!(2.01),
+                "between -2 and 2",
+            ),
+            (
+                "repetition_penalty",
+                json!(10.0),
+                json!(10.5),
+                "greater than 0 and at most 10",
+            ),
+            ("n", json!(16), json!(17), "between 1 and 16"),
+            (
+                "priority",
+                json!(1000),
+                json!(1001),
+                "between -1000 and 1000",
+            ),
+        ] {
+            assert!(
+                validate(&common(json!({field: inside})), None, 16).is_ok(),
+                "{field}"
+            );
+            let e = validate(&common(json!({field: outside})), None, 16).unwrap_err();
+            assert!(e.message.contains(range), "{field}: {}", e.message);
+        }
+        assert!(validate(&common(json!({})), asked(20), 16).is_ok());
+        let e = validate(&common(json!({})), asked(21), 16).unwrap_err();
+        assert!(e.message.contains("between 0 and 20"), "{}", e.message);
+        let e = validate(&common(json!({"stop": vec!["x"; 17]})), None, 16).unwrap_err();
+        assert!(e.message.contains("at most 16"), "{}", e.message);
+        assert!(validate(&common(json!({"stop": vec!["x"; 16]})), None, 16).is_ok());
+    }
+
+    #[test]
+    fn null_means_default_everywhere() {
+        let nulls = json!({"prompt": "hi", "model": null, "max_tokens": null,
+            "max_completion_tokens": null, "temperature": null, "top_p": null, "top_k": null,
+            "min_p": null, "presence_penalty": null, "frequency_penalty": null,
+            "repetition_penalty": null, "stop": null, "seed": null, "n": null, "stream": null,
+            "stream_options": null, "priority": null, "ignore_eos": null, "echo": null,
+            "logprobs": null, "user": null, "suffix": null, "best_of": null, "logit_bias": null});
+        let r: CompletionRequest = serde_json::from_value(nulls).unwrap();
+        let g = validate(&r.common, None, 16).unwrap();
+        let d = validate(&common(json!({})), None, 16).unwrap();
+        assert_eq!(format!("{g:?}"), format!("{d:?}"));
+        assert!(!r.echo && r.logprobs.is_none());
+
+        let c: ChatRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": null, "name": null}],
+            "logprobs": null, "top_logprobs": null, "stream": true,
+            "stream_options": {"include_usage": null}, "tools": null, "response_format": null}))
+        .unwrap();
+        assert!(chat_logprobs_asked(&c).unwrap().is_none());
+        let g = validate(&c.common, None, 16).unwrap();
+        assert!(g.stream && !g.include_usage);
+    }
+
+    #[test]
+    fn top_logprobs_needs_logprobs() {
+        let chat = |v: Value| -> ChatRequest { serde_json::from_value(v).unwrap() };
+        let m = json!([{"role": "user", "content": "x"}]);
+        for body in [
+            json!({"messages": m, "top_logprobs": 2}),
+            json!({"messages": m, "top_logprobs": 2, "logprobs": false}),
+            json!({"messages": m, "top_logprobs": 0, "logprobs": null}),
+        ] {
+            let e = chat_logprobs_asked(&chat(body)).err().unwrap();
+            assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        }
+        let l = chat_logprobs_asked(&chat(json!({"messages": m, "logprobs": true})))
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.count, 0);
+        let l = chat_logprobs_asked(&chat(
+            json!({"messages": m, "logprobs": true, "top_logprobs": 30}),
+        ))
+        .unwrap();
+        let e = validate(&common(json!({})), l, 16).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+    }
+
     #[test]
     fn parses_prompt_and_stop_shapes() {
         let r: CompletionRequest =
             serde_json::from_value(json!({"prompt": "hi", "stop": "\n", "max_tokens": 3})).unwrap();
         assert!(matches!(r.prompt, PromptField::Text(_)));
-        assert_eq!(
-            validate(&r.common, r.logprobs, 16).unwrap().stop,
-            vec!["\n"]
-        );
+        assert_eq!(validate(&r.common, None, 16).unwrap().base.stop, vec!["\n"]);
         let r: CompletionRequest = serde_json::from_value(json!({"prompt": [1, 2, 3]})).unwrap();
         assert!(matches!(r.prompt, PromptField::Tokens(_)));
+        let r: CompletionRequest =
+            serde_json::from_value(json!({"prompt": [[1, 2], [3]]})).unwrap();
+        assert_eq!(r.prompt.count(), 2);
         let c: ChatRequest = serde_json::from_value(json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})).unwrap();
         assert_eq!(message_text(&c.messages[0]).unwrap(), "ab");
     }

@@ -61,12 +61,18 @@ pub async fn start_opts(engine: Engine, edit: impl FnOnce(&mut ServeOptions)) ->
         default_max_tokens: 16,
         loras: vec![],
         max_loras: 4,
+        http: Default::default(),
     };
     edit(&mut opts);
     let router = tessera_server::app(engine, &opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let http = opts.http.clone();
+    tokio::spawn(async move {
+        tessera_server::serve_on(listener, router, &http, std::future::pending())
+            .await
+            .unwrap()
+    });
     Server {
         base: format!("http://{addr}"),
         client: reqwest::Client::new(),

@@ -451,6 +451,78 @@ mod tests {
         assert!(validate(&common(json!({"stop": vec!["x"; 16]})), None, 16).is_ok());
     }
 
+    /// `tessera generate` builds a [`GenerateRequest`] from its flags and the engine checks it
+    /// with [`GenerateRequest::validate`]; the server must accept and refuse the same values.
+    #[test]
+    fn server_and_cli_accept_the_same_values() {
+        let cli = |field: &str, v: &Value| {
+            let mut r = GenerateRequest {
+                prompt_ids: vec![1],
+                max_tokens: 16,
+                ..Default::default()
+            };
+            let f = v.as_f64().unwrap_or(0.0) as f32;
+            match field {
+                "temperature" => r.params.temperature = f,
+                "top_p" => r.params.top_p = f,
+                "min_p" => r.params.min_p = f,
+                "repetition_penalty" => r.params.repetition_penalty = f,
+                "presence_penalty" => r.params.presence_penalty = f,
+                "frequency_penalty" => r.params.frequency_penalty = f,
+                "max_tokens" => r.max_tokens = v.as_u64().unwrap() as usize,
+                "stop" => r.stop = serde_json::from_value(v.clone()).unwrap(),
+                _ => unreachable!(),
+            }
+            r.validate().is_ok()
+        };
+        let grid: [(&str, Vec<Value>); 8] = [
+            (
+                "temperature",
+                vec![
+                    json!(0),
+                    json!(0.7),
+                    json!(2),
+                    json!(2.01),
+                    json!(5),
+                    json!(100),
+                ],
+            ),
+            ("top_p", vec![json!(0), json!(0.01), json!(1), json!(1.01)]),
+            ("min_p", vec![json!(-0.1), json!(0), json!(1), json!(1.1)]),
+            (
+                "repetition_penalty",
+                vec![json!(0), json!(0.5), json!(10), json!(10.5), json!(50)],
+            ),
+            (
+                "presence_penalty",
+                vec![json!(-2.1), json!(-2), json!(2), json!(2.1)],
+            ),
+            (
+                "frequency_penalty",
+                vec![json!(-2.1), json!(-2), json!(2), json!(2.1)],
+            ),
+            (
+                "max_tokens",
+                vec![json!(0), json!(1), json!(1 << 20), json!((1 << 20) + 1)],
+            ),
+            (
+                "stop",
+                vec![
+                    json!([""]),
+                    json!(["x"]),
+                    json!(vec!["x"; 16]),
+                    json!(vec!["x"; 17]),
+                ],
+            ),
+        ];
+        for (field, values) in grid {
+            for v in values {
+                let server = validate(&common(json!({field: v.clone()})), None, 16).is_ok();
+                assert_eq!(server, cli(field, &v), "{field} = {v}");
+            }
+        }
+    }
+
     #[test]
     fn null_means_default_everywhere() {
         let nulls = json!({"prompt": "hi", "model": null, "max_tokens": null,

@@ -63,7 +63,9 @@ pub fn generate(
     }
     if n_prompt >= ctx_len {
         return Err(Error::Other(format!(
-            "the prompt has {n_prompt} tokens; the context holds {ctx_len}"
+            "the prompt has {n_prompt} tokens; at most {} fit in the context of {ctx_len} \
+             (one position is left for the answer)",
+            ctx_len - 1
         )));
     }
     let max_tokens = req.max_tokens.min(ctx_len - n_prompt);

@@ -1,9 +1,9 @@
-//! Tessera's OpenAI-compatible server as a library: the wire format ([`api`]), the HTTP
-//! routes ([`http`]), the connections under them with their timeouts ([`conn`]), the one
-//! admission gate ([`admission`]), the tokenizer pool ([`tokenize`]), the engine thread behind
-//! them ([`engine_loop`]), the LoRA adapter registry ([`adapters`]), the metrics ([`metrics`])
-//! and error text made safe to print ([`text`]). The `tessera serve` command is a thin
-//! wrapper around [`serve`].
+//! Tessera's OpenAI-compatible server as a library: the wire format ([`api`]) and its
+//! validation ([`spec`]), the HTTP routes ([`http`]), the connections under them with their
+//! timeouts ([`conn`]), the one admission gate ([`admission`]), the tokenizer pool
+//! ([`tokenize`]), the engine thread behind them ([`engine_loop`]), the LoRA adapter registry
+//! ([`adapters`]), the metrics ([`metrics`]) and error text made safe to print ([`text`]).
+//! The `tessera serve` command is a thin wrapper around [`serve`].
 
 pub mod adapters;
 pub mod admission;
@@ -12,6 +12,7 @@ pub mod conn;
 pub mod engine_loop;
 pub mod http;
 pub mod metrics;
+pub mod spec;
 pub mod text;
 pub mod tokenize;
 

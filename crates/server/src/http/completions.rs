@@ -20,10 +20,9 @@ use super::lora::resolve_model;
 use super::respond::{collect, sse_stream, StreamItem};
 use super::{now, AppState};
 use crate::admission::Reservation;
-use crate::api::{
-    self, ApiError, ChatRequest, CompletionRequest, GenSpec, LogprobsAsked, PromptField,
-};
+use crate::api::{self, ApiError, ChatRequest, CompletionRequest, PromptField};
 use crate::engine_loop::Submission;
+use crate::spec::{self, GenSpec, LogprobsAsked};
 use crate::text::quote;
 
 fn answer(r: Result<Response, ApiError>) -> Response {
@@ -149,7 +148,7 @@ async fn completions_inner(
         count,
         param: "logprobs",
     });
-    let spec = api::validate(&req.common, asked, state.default_max_tokens)?;
+    let spec = spec::validate(&req.common, asked, state.default_max_tokens)?;
     if req.prompt.count() == 0 {
         return Err(ApiError::invalid("prompt", "the prompt list is empty"));
     }
@@ -202,9 +201,9 @@ async fn completions_inner(
 }
 
 async fn chat_inner(state: Arc<AppState>, req: ChatRequest) -> Result<Response, ApiError> {
-    let spec = api::validate(
+    let spec = spec::validate(
         &req.common,
-        api::chat_logprobs_asked(&req)?,
+        spec::chat_logprobs_asked(&req)?,
         state.default_max_tokens,
     )?;
     if req.messages.is_empty() {

@@ -50,10 +50,11 @@ async fn stalled_heads_and_idle_connections_are_closed() {
     let t = wait_closed(&mut c, GENEROUS).await;
     assert!(t >= Duration::from_millis(500), "closed too soon: {t:?}");
 
-    // A head trickled in over more than the keep-alive timeout, but within the header
-    // timeout of its first byte, is served.
+    // Idle for a while, then a head trickled in: 1.2 s since the last response (past the
+    // keep-alive timeout) but within the header timeout of its first byte, so it is served.
     let mut c = s.raw(get).await;
     assert_eq!(read_head(&mut c, GENEROUS).await.0, Some(200));
+    tokio::time::sleep(Duration::from_millis(600)).await;
     c.write_all(b"GET /hea").await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
     c.write_all(b"lth HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -93,7 +94,7 @@ async fn bodies_that_stall_or_are_too_large() {
         .await;
     let (status, t) = read_head(&mut c, GENEROUS).await;
     assert_eq!(status, Some(413));
-    assert!(t < Duration::from_secs(1), "{t:?}");
+    assert!(t < Duration::from_secs(5), "{t:?}");
 
     // A chunked body that grows past the limit: 413 too.
     let s = start_opts(engine(), |o| o.http.max_body_bytes = 1000).await;
@@ -120,7 +121,7 @@ async fn the_key_is_checked_before_the_body_and_names_its_routes() {
     let s = strict(Some("k3y"), false).await;
 
     // Wrong key, a large declared body of which nothing is sent: 401 at once (a server that
-    // read the body first would wait for it until the body timeout).
+    // read the body first would wait for it and answer 408 at the body timeout).
     for auth in [
         "",
         "Authorization: Bearer wrong\r\n",
@@ -131,7 +132,7 @@ async fn the_key_is_checked_before_the_body_and_names_its_routes() {
             .await;
         let (status, t) = read_head(&mut c, GENEROUS).await;
         assert_eq!(status, Some(401), "{auth:?}");
-        assert!(t < Duration::from_secs(1), "{auth:?}: {t:?}");
+        assert!(t < Duration::from_secs(5), "{auth:?}: {t:?}");
     }
 
     // The scheme in any case, the header name in any case.

@@ -117,7 +117,19 @@ impl EngineHandle {
         reqs: Vec<GenerateRequest>,
         reservation: Reservation,
     ) -> Result<Vec<Submission>, ApiError> {
-        debug_assert_eq!(reservation.places(), reqs.len());
+        if reservation.places() != reqs.len() {
+            // A handler reserved for another shape of request than it submits: refuse it
+            // rather than let the gate's count drift.
+            return Err(ApiError::new(
+                500,
+                "server_error",
+                format!(
+                    "internal error: {} sequences submitted under a reservation of {}",
+                    reqs.len(),
+                    reservation.places()
+                ),
+            ));
+        }
         if self.health.stopped().is_some() {
             return Err(self.stopped());
         }

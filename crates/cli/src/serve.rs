@@ -13,9 +13,33 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every request.
+    /// Require `Authorization: Bearer KEY` (scheme in any case) on every /v1 route:
+    /// completions, chat completions, models, and loading and unloading LoRA adapters.
+    /// /health is always open; /metrics is open unless --metrics-require-key.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Make /metrics require the --api-key too.
+    #[arg(long, requires = "api_key")]
+    pub metrics_require_key: bool,
+    /// Seconds a client has to send a complete request head: from connecting, or from the
+    /// first byte of its next request on a kept-alive connection. Slower ones are
+    /// disconnected.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Seconds a request's body has to arrive in full; slower ones get HTTP 408.
+    #[arg(long, default_value_t = 30.0)]
+    pub body_timeout: f64,
+    /// Seconds an idle kept-alive connection stays open between requests.
+    #[arg(long, default_value_t = 30.0)]
+    pub keep_alive_timeout: f64,
+    /// Largest request body in bytes; larger ones get HTTP 413 (a declared Content-Length
+    /// over it is refused before the body is read).
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Prompts tokenized (and chat templates rendered) at once, off the request threads;
+    /// more wait for a turn.
+    #[arg(long, default_value_t = 2)]
+    pub tokenize_concurrency: usize,
     /// Model name clients use (default: the model's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -47,7 +71,8 @@ pub struct ServeArgs {
     /// one adapter's requests only, taking turns (llama.cpp's server; for comparison).
     #[arg(long, default_value = "mixed")]
     pub lora_batching: String,
-    /// Requests allowed to wait beyond the running ones; more get HTTP 503.
+    /// Sequences allowed to wait beyond --max-num-seqs running ones; a request that would go
+    /// past (it counts as n choices × its prompts) gets HTTP 503.
     #[arg(long, default_value_t = 256)]
     pub max_waiting: usize,
     /// max_tokens when a request does not say.
@@ -67,6 +92,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         host,
         port,
         api_key,
+        metrics_require_key,
+        header_timeout,
+        body_timeout,
+        keep_alive_timeout,
+        max_body_bytes,
+        tokenize_concurrency,
         served_model_name,
         max_num_seqs,
         max_batched_tokens,
@@ -82,6 +113,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model,
     } = args;
 
+    let seconds = |flag: &str, v: f64| {
+        if v > 0.0 && v.is_finite() && v < 1e9 {
+            Ok(std::time::Duration::from_secs_f64(v))
+        } else {
+            Err(anyhow::anyhow!(
+                "{flag} must be a positive number of seconds"
+            ))
+        }
+    };
+    let http = tessera_server::HttpOptions {
+        header_timeout: seconds("--header-timeout", header_timeout)?,
+        body_timeout: seconds("--body-timeout", body_timeout)?,
+        keep_alive_timeout: seconds("--keep-alive-timeout", keep_alive_timeout)?,
+        max_body_bytes,
+        tokenize_concurrency,
+        metrics_require_key,
+    };
+    http.validate()
+        .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
     let loras =
         tessera_server::adapters::parse_lora_flags(&model.lora).map_err(anyhow::Error::msg)?;
     let serial = match lora_batching.as_str() {
@@ -139,6 +189,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         default_max_tokens,
         loras,
         max_loras,
+        http,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -54,6 +54,8 @@ pub fn generate(
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationStats> {
+    // Before the clamp to the context below, so every front end refuses the same values.
+    req.validate().map_err(|e| Error::Other(e.to_string()))?;
     let ctx_len = engine.config.max_position;
     let n_prompt = req.prompt_ids.len();
     if n_prompt == 0 {
@@ -61,7 +63,9 @@ pub fn generate(
     }
     if n_prompt >= ctx_len {
         return Err(Error::Other(format!(
-            "the prompt has {n_prompt} tokens; the context holds {ctx_len}"
+            "the prompt has {n_prompt} tokens; at most {} fit in the context of {ctx_len} \
+             (one position is left for the answer)",
+            ctx_len - 1
         )));
     }
     let max_tokens = req.max_tokens.min(ctx_len - n_prompt);

@@ -1,13 +1,16 @@
 //! Running a model: loading it with its tokenizer ([`Engine`]), the step engine every front end
 //! drives ([`step`]) with its per-request pipeline ([`live`]: sampling, stop strings,
-//! streaming detokenization), single-request generation ([`generate`]), perplexity
-//! ([`perplexity`]), fetching the default model ([`store`]), start-up resource checks
-//! ([`resources`]: threads, KV memory, context) and tuning ([`tune`]).
+//! streaming detokenization), the accepted range of every generation parameter ([`params`]),
+//! single-request generation ([`generate`]), perplexity ([`perplexity`]), fetching the default
+//! model ([`store`]), start-up resource checks ([`resources`]: threads, KV memory, context),
+//! the per-step choice of sub-batching under tensor parallelism ([`overlap_plan`]) and tuning
+//! ([`tune`]).
 
 pub mod engine;
 pub mod generate;
 mod live;
 pub mod overlap_plan;
+pub mod params;
 pub mod perplexity;
 pub mod request;
 pub mod resources;
@@ -26,6 +29,7 @@ pub use engine::{Engine, TpBackend};
 pub use generate::GenerationStats;
 pub use live::token_logprob;
 pub use overlap_plan::{OverlapStats, SubBatchPolicy};
+pub use params::ParamError;
 pub use request::{FinishReason, GenerateRequest, RequestEvent, SubmitError, TokenLogprob};
 pub use sampling::{Sampler, SamplingParams};
 pub use step::{StepEngine, StepOutcome};

@@ -7,8 +7,6 @@
 
 use std::collections::HashMap;
 
-use tessera_core::{Error, Result};
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy.
@@ -47,38 +45,6 @@ impl SamplingParams {
             temperature: 0.0,
             ..Default::default()
         }
-    }
-
-    /// Checks ranges; the error names the parameter.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |name: &str, v: f32, range: &str| {
-            Err(Error::Config(format!(
-                "{name} = {v} is out of range ({range})"
-            )))
-        };
-        if !(self.temperature.is_finite() && self.temperature >= 0.0 && self.temperature <= 100.0) {
-            return bad("temperature", self.temperature, "0 to 100");
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", self.top_p, "greater than 0, at most 1");
-        }
-        if !(self.min_p >= 0.0 && self.min_p <= 1.0) {
-            return bad("min_p", self.min_p, "0 to 1");
-        }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad(
-                "repetition_penalty",
-                self.repetition_penalty,
-                "greater than 0",
-            );
-        }
-        if !(self.presence_penalty.abs() <= 2.0) {
-            return bad("presence_penalty", self.presence_penalty, "-2 to 2");
-        }
-        if !(self.frequency_penalty.abs() <= 2.0) {
-            return bad("frequency_penalty", self.frequency_penalty, "-2 to 2");
-        }
-        Ok(())
     }
 }
 

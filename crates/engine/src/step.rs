@@ -108,8 +108,7 @@ impl<'e> StepEngine<'e> {
 
     /// Queues request `id` (ids are the caller's and must be unique among live requests).
     pub fn submit(&mut self, id: u64, req: &GenerateRequest) -> Result<(), SubmitError> {
-        req.params
-            .validate()
+        req.validate()
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
         let r =
             Request::new(id, req.prompt_ids.clone(), req.max_tokens).with_priority(req.priority);

@@ -13,6 +13,7 @@ use tessera_engine::request::LoraAdapter;
 use tessera_formats::ModelConfig;
 
 use crate::api::ApiError;
+use crate::text::quote;
 
 struct Entry {
     path: PathBuf,
@@ -75,7 +76,10 @@ impl AdapterRegistry {
             ApiError::new(
                 400,
                 "invalid_request_error",
-                format!("cannot load the LoRA adapter {}: {e}", path.display()),
+                format!(
+                    "cannot load the LoRA adapter {}: {e}",
+                    quote(&path.display().to_string())
+                ),
             )
         })
     }
@@ -148,13 +152,16 @@ impl AdapterRegistry {
         if name.is_empty() || name == self.base_name {
             return Err(ApiError::invalid(
                 "lora_name",
-                format!("{name:?} cannot name an adapter (it is empty or the base model's name)"),
+                format!(
+                    "{} cannot name an adapter (it is empty or the base model's name)",
+                    quote(name)
+                ),
             ));
         }
         if self.lock().entries.contains_key(name) {
             return Err(ApiError::invalid(
                 "lora_name",
-                format!("the LoRA adapter {name:?} has already been loaded"),
+                format!("the LoRA adapter {} has already been loaded", quote(name)),
             ));
         }
         let adapter = self.read(path).await?;
@@ -162,7 +169,7 @@ impl AdapterRegistry {
         if st.entries.contains_key(name) {
             return Err(ApiError::invalid(
                 "lora_name",
-                format!("the LoRA adapter {name:?} has already been loaded"),
+                format!("the LoRA adapter {} has already been loaded", quote(name)),
             ));
         }
         self.insert(&mut st, name, path.to_path_buf(), adapter);
@@ -176,7 +183,7 @@ impl AdapterRegistry {
         let Some(e) = st.entries.remove(name) else {
             return Err(ApiError {
                 status: 404,
-                message: format!("the LoRA adapter {name:?} is not loaded"),
+                message: format!("the LoRA adapter {} is not loaded", quote(name)),
                 param: Some("lora_name".into()),
                 kind: "invalid_request_error",
             });
@@ -204,10 +211,11 @@ impl AdapterRegistry {
                 return Err(ApiError {
                     status: 404,
                     message: format!(
-                        "the model {name:?} does not exist (this server serves {})",
+                        "the model {} does not exist (this server serves {})",
+                        quote(name),
                         known
                             .iter()
-                            .map(|k| format!("{k:?}"))
+                            .map(|k| quote(k))
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),

@@ -1,6 +1,11 @@
 //! The engine thread: owns the model and a [`StepEngine`], takes submissions and aborts from
 //! the HTTP handlers, runs steps, and routes each request's [`RequestEvent`]s to its channel.
 //!
+//! A request's sequences (its `n` choices of every prompt) arrive as one group, admitted whole
+//! or refused whole; the handler hears which before it answers, so a refusal is an HTTP
+//! status (503 for capacity, through the [`Admission`] gate; 400 for an invalid request), never
+//! a failed response. Each sequence gives its admission place back when it ends.
+//!
 //! Everything about a step (scheduling, the forward, sampling, stop strings, fault isolation)
 //! is the step engine's; this module only maps requests to channels, keeps the metrics, and
 //! watches its own health: if the thread dies anyway, every channel closes, `/health` answers
@@ -9,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
@@ -17,15 +22,24 @@ use tessera_engine::step::panic_message;
 use tessera_engine::{Engine, GenerateRequest, RequestEvent, StepEngine, StepOutcome, SubmitError};
 use tessera_scheduler::SchedulerConfig;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::oneshot;
 
+use crate::admission::{Admission, Reservation};
 use crate::api::ApiError;
 use crate::metrics::Metrics;
 
+/// One sequence of a submitted group.
+struct Pending {
+    id: u64,
+    req: GenerateRequest,
+    events: UnboundedSender<RequestEvent>,
+}
+
 enum Command {
+    /// A request's sequences, all admitted or none; `admitted` hears which.
     Submit {
-        id: u64,
-        req: GenerateRequest,
-        events: UnboundedSender<RequestEvent>,
+        group: Vec<Pending>,
+        admitted: oneshot::Sender<Result<(), ApiError>>,
     },
     Abort(u64),
 }
@@ -81,58 +95,83 @@ impl Health {
 pub struct EngineHandle {
     cmd: mpsc::Sender<Command>,
     next_id: Arc<AtomicU64>,
-    /// Requests submitted and not yet finished.
-    in_flight: Arc<AtomicUsize>,
-    max_in_flight: usize,
+    pub admission: Arc<Admission>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
 }
 
 impl EngineHandle {
-    /// Queues a request (one choice).
-    pub fn submit(&self, req: GenerateRequest) -> Result<Submission, ApiError> {
-        if let Some(reason) = self.health.stopped() {
-            return Err(ApiError::new(503, "server_error", reason));
-        }
-        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            self.metrics
-                .requests_rejected
-                .fetch_add(1, Ordering::Relaxed);
+    /// The 503 for a stopped engine.
+    fn stopped(&self) -> ApiError {
+        let reason = self
+            .health
+            .stopped()
+            .unwrap_or_else(|| "the engine has stopped".into());
+        ApiError::new(503, "server_error", reason)
+    }
+
+    /// Submits one request's sequences under `reservation` (one place each) and waits until
+    /// the engine thread has admitted them all or refused them all.
+    pub async fn submit(
+        &self,
+        reqs: Vec<GenerateRequest>,
+        reservation: Reservation,
+    ) -> Result<Vec<Submission>, ApiError> {
+        if reservation.places() != reqs.len() {
+            // A handler reserved for another shape of request than it submits: refuse it
+            // rather than let the gate's count drift.
             return Err(ApiError::new(
-                503,
-                "server_overloaded",
+                500,
+                "server_error",
                 format!(
-                    "the server is at capacity ({} requests queued or running); retry later",
-                    self.max_in_flight
+                    "internal error: {} sequences submitted under a reservation of {}",
+                    reqs.len(),
+                    reservation.places()
                 ),
             ));
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = unbounded_channel();
-        let cmd = Command::Submit {
-            id,
-            req,
-            events: tx,
-        };
-        if self.cmd.send(cmd).is_err() {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            let reason = self
-                .health
-                .stopped()
-                .unwrap_or_else(|| "the engine has stopped".into());
-            return Err(ApiError::new(503, "server_error", reason));
+        if self.health.stopped().is_some() {
+            return Err(self.stopped());
         }
-        Ok(Submission {
-            id,
-            events: rx,
-            done: false,
-            cmd: self.cmd.clone(),
-        })
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
+        let mut group = Vec::with_capacity(reqs.len());
+        let mut subs = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = unbounded_channel();
+            group.push(Pending {
+                id,
+                req,
+                events: tx,
+            });
+            subs.push(Submission {
+                id,
+                events: rx,
+                done: false,
+                cmd: self.cmd.clone(),
+            });
+        }
+        let (admitted, answer) = oneshot::channel();
+        // From here the engine thread gives the places back, one per sequence as it ends
+        // (or all at once if it refuses the group).
+        let places = reservation.hand_over();
+        if self.cmd.send(Command::Submit { group, admitted }).is_err() {
+            self.admission.release(places);
+            subs.iter_mut().for_each(Submission::finished);
+            return Err(self.stopped());
+        }
+        // Dropped while waiting (the client went away): the submissions' aborts follow the
+        // group down the same channel.
+        match answer.await {
+            Ok(Ok(())) => Ok(subs),
+            Ok(Err(e)) => {
+                subs.iter_mut().for_each(Submission::finished);
+                Err(e)
+            }
+            Err(_) => {
+                subs.iter_mut().for_each(Submission::finished);
+                Err(self.stopped())
+            }
+        }
     }
 }
 
@@ -156,20 +195,25 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
     metrics
         .kv_blocks_total
         .store(cfg.scheduler.num_blocks as u64, Ordering::Relaxed);
+    // The gate bounds sequences queued or running; the scheduler's own queue bound is raised
+    // to the same capacity, so it never refuses what the gate admitted.
+    let mut scheduler = cfg.scheduler;
+    let capacity = scheduler.max_waiting + scheduler.max_num_seqs;
+    scheduler.max_waiting = capacity;
+    let admission = Admission::new(capacity, metrics.clone());
     let handle = EngineHandle {
         cmd: tx,
         next_id: Arc::new(AtomicU64::new(1)),
-        in_flight: Arc::new(AtomicUsize::new(0)),
-        max_in_flight: cfg.scheduler.max_waiting + cfg.scheduler.max_num_seqs,
+        admission: admission.clone(),
         metrics: metrics.clone(),
         health: Arc::new(Health::default()),
     };
-    let (in_flight, health) = (handle.in_flight.clone(), handle.health.clone());
+    let health = handle.health.clone();
     let (ready_tx, ready_rx) = mpsc::channel();
     std::thread::Builder::new()
         .name("tessera-engine".into())
         .spawn(move || {
-            let steps = match StepEngine::new(&engine, cfg.scheduler) {
+            let steps = match StepEngine::new(&engine, scheduler) {
                 Ok(s) => {
                     let _ = ready_tx.send(Ok(()));
                     s
@@ -184,7 +228,7 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
                 steps,
                 routes: HashMap::new(),
                 metrics,
-                in_flight,
+                admission,
             };
             let reason = match catch_unwind(AssertUnwindSafe(|| l.run(rx))) {
                 Ok(reason) => reason,
@@ -209,7 +253,7 @@ struct Loop<'e> {
     steps: StepEngine<'e>,
     routes: HashMap<u64, Route>,
     metrics: Arc<Metrics>,
-    in_flight: Arc<AtomicUsize>,
+    admission: Arc<Admission>,
 }
 
 impl Loop<'_> {
@@ -247,32 +291,56 @@ impl Loop<'_> {
 
     fn command(&mut self, c: Command) {
         match c {
-            Command::Submit { id, req, events } => {
-                let prompt_tokens = req.prompt_ids.len();
-                if let Err(e) = self.steps.submit(id, &req) {
-                    let message = match e {
-                        SubmitError::Invalid(m) => format!("request rejected: {m}"),
-                        SubmitError::Overloaded(m) => format!("server overloaded: {m}"),
-                    };
-                    let _ = events.send(RequestEvent::Failed { message });
-                    self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                    return;
-                }
-                self.metrics
-                    .prompt_tokens
-                    .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-                self.routes.insert(
-                    id,
-                    Route {
-                        events,
-                        submitted: Instant::now(),
-                        first_token: None,
-                        generated: 0,
-                    },
-                );
+            Command::Submit { group, admitted } => {
+                let answer = self.admit(group);
+                let _ = admitted.send(answer);
             }
             Command::Abort(id) => self.forget(id, true),
         }
+    }
+
+    /// Queues every sequence of `group`, or none of them (giving their places back).
+    fn admit(&mut self, group: Vec<Pending>) -> Result<(), ApiError> {
+        let max_waiting = self.steps.config().max_waiting;
+        if self.steps.num_waiting() + group.len() > max_waiting {
+            self.admission.release(group.len());
+            return Err(self.admission.refuse(format!(
+                "the waiting queue is full ({max_waiting} sequences); retry later"
+            )));
+        }
+        for (i, p) in group.iter().enumerate() {
+            if let Err(e) = self.steps.submit(p.id, &p.req) {
+                for q in &group[..i] {
+                    self.steps.abort(q.id);
+                }
+                self.admission.release(group.len());
+                return Err(match e {
+                    SubmitError::Invalid(m) => ApiError::new(
+                        400,
+                        "invalid_request_error",
+                        format!("request rejected: {m}"),
+                    ),
+                    SubmitError::Overloaded(m) => self
+                        .admission
+                        .refuse(format!("server overloaded: {m}; retry later")),
+                });
+            }
+        }
+        for p in group {
+            self.metrics
+                .prompt_tokens
+                .fetch_add(p.req.prompt_ids.len() as u64, Ordering::Relaxed);
+            self.routes.insert(
+                p.id,
+                Route {
+                    events: p.events,
+                    submitted: Instant::now(),
+                    first_token: None,
+                    generated: 0,
+                },
+            );
+        }
+        Ok(())
     }
 
     /// Drops request `id`'s route (aborting it in the engine when it is still live).
@@ -281,7 +349,7 @@ impl Loop<'_> {
             self.steps.abort(id);
         }
         if self.routes.remove(&id).is_some() {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.admission.release(1);
         }
     }
 
@@ -344,8 +412,8 @@ impl Loop<'_> {
         m.kv_blocks_used
             .store(kv.blocks_used as u64, Ordering::Relaxed);
         m.prefix_cache_queries
-            .store(kv.prefix_query_tokens as u64, Ordering::Relaxed);
+            .store(kv.prefix_query_tokens, Ordering::Relaxed);
         m.prefix_cache_hits
-            .store(kv.prefix_hit_tokens as u64, Ordering::Relaxed);
+            .store(kv.prefix_hit_tokens, Ordering::Relaxed);
     }
 }

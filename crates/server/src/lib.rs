@@ -1,16 +1,26 @@
-//! Tessera's OpenAI-compatible server as a library: the wire format ([`api`]), the HTTP
-//! routes ([`http`]), the engine thread behind them ([`engine_loop`]), the LoRA adapter
-//! registry ([`adapters`]) and the metrics ([`metrics`]). The `tessera serve` command is a thin wrapper around [`serve`].
+//! Tessera's OpenAI-compatible server as a library: the wire format ([`api`]) and its
+//! validation ([`spec`]), the HTTP routes ([`http`]), the connections under them with their
+//! timeouts ([`conn`]), the one admission gate ([`admission`]), the tokenizer pool
+//! ([`tokenize`]), the engine thread behind them ([`engine_loop`]), the LoRA adapter registry
+//! ([`adapters`]), the metrics ([`metrics`]) and error text made safe to print ([`text`]).
+//! The `tessera serve` command is a thin wrapper around [`serve`].
 
 pub mod adapters;
+pub mod admission;
 pub mod api;
 pub mod chat_page;
+pub mod conn;
 pub mod engine_loop;
 pub mod http;
 pub mod metrics;
+pub mod spec;
+pub mod text;
+pub mod tokenize;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tessera_engine::Engine;
 use tessera_scheduler::SchedulerConfig;
@@ -18,6 +28,8 @@ use tessera_scheduler::SchedulerConfig;
 pub struct ServeOptions {
     pub addr: SocketAddr,
     pub model_name: String,
+    /// The key every `/v1` route (and `/metrics`, if [`HttpOptions::metrics_require_key`])
+    /// requires as `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
     pub scheduler: SchedulerConfig,
     pub default_max_tokens: usize,
@@ -25,10 +37,73 @@ pub struct ServeOptions {
     pub loras: Vec<(String, std::path::PathBuf)>,
     /// Most adapters resident at once (least recently used evicted beyond).
     pub max_loras: usize,
+    pub http: HttpOptions,
+}
+
+/// Limits on what clients may send and how slowly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpOptions {
+    /// A new connection's first request head, or a kept-alive connection's next one from its
+    /// first byte, must arrive within this.
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this (else 408).
+    pub body_timeout: Duration,
+    /// An idle kept-alive connection is closed after this.
+    pub keep_alive_timeout: Duration,
+    /// Largest request body (else 413; a declared length over it is refused unread).
+    pub max_body_bytes: usize,
+    /// Tokenization and chat-template jobs running at once on the blocking pool.
+    pub tokenize_concurrency: usize,
+    /// Whether `/metrics` requires the API key too.
+    pub metrics_require_key: bool,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            keep_alive_timeout: Duration::from_secs(30),
+            max_body_bytes: 8 << 20,
+            tokenize_concurrency: 2,
+            metrics_require_key: false,
+        }
+    }
+}
+
+impl HttpOptions {
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, t) in [
+            ("header timeout", self.header_timeout),
+            ("body timeout", self.body_timeout),
+            ("keep-alive timeout", self.keep_alive_timeout),
+        ] {
+            if t.is_zero() {
+                return Err(format!("the {name} must be positive"));
+            }
+        }
+        if self.max_body_bytes == 0 {
+            return Err("the body limit (--max-body-bytes) must be positive".into());
+        }
+        if self.tokenize_concurrency == 0 {
+            return Err("--tokenize-concurrency must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub fn conn_timeouts(&self) -> conn::ConnTimeouts {
+        conn::ConnTimeouts {
+            header: self.header_timeout,
+            keep_alive: self.keep_alive_timeout,
+        }
+    }
 }
 
 /// Builds the router over a started engine loop (tests use this with their own listener).
 pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> {
+    opts.http
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
     let tokenizer = engine.tokenizer.clone();
     let adapters = Arc::new(adapters::AdapterRegistry::new(
         engine.config.clone(),
@@ -51,13 +126,27 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         handle,
         model_name: opts.model_name.clone(),
         adapters,
-        api_key: opts.api_key.clone(),
-        tokenizer,
+        api_key: opts.api_key.as_deref().map(http::auth::ApiKey::new),
+        tokenizers: tokenize::TokenizerPool::new(tokenizer, opts.http.tokenize_concurrency),
         max_model_len: opts.scheduler.max_model_len,
+        kv_positions: opts.scheduler.num_blocks * opts.scheduler.block_size,
         default_max_tokens: opts.default_max_tokens,
+        max_body_bytes: opts.http.max_body_bytes,
+        body_timeout: opts.http.body_timeout,
+        metrics_require_key: opts.http.metrics_require_key,
     });
     // The chat page at `/` sits outside the API routes (and their key check).
     Ok(http::router(state).merge(chat_page::router()))
+}
+
+/// Serves `router` on `listener` with `http`'s connection timeouts until `shutdown`.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    http: &HttpOptions,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    conn::serve(listener, router, http.conn_timeouts(), shutdown).await
 }
 
 /// Serves until Ctrl-C.
@@ -70,10 +159,9 @@ pub async fn serve(engine: Engine, opts: ServeOptions) -> anyhow::Result<()> {
         opts.model_name,
         listener.local_addr()?
     );
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    serve_on(listener, router, &opts.http, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
     Ok(())
 }

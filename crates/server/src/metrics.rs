@@ -136,7 +136,7 @@ impl Metrics {
         counter(
             &mut s,
             "tessera_requests_rejected_total",
-            "Requests rejected (queue full).",
+            "Requests refused for capacity (HTTP 503: the server was full).",
             l(&self.requests_rejected),
         );
         counter(

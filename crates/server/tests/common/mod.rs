@@ -61,12 +61,18 @@ pub async fn start_opts(engine: Engine, edit: impl FnOnce(&mut ServeOptions)) ->
         default_max_tokens: 16,
         loras: vec![],
         max_loras: 4,
+        http: Default::default(),
     };
     edit(&mut opts);
     let router = tessera_server::app(engine, &opts).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let http = opts.http.clone();
+    tokio::spawn(async move {
+        tessera_server::serve_on(listener, router, &http, std::future::pending())
+            .await
+            .unwrap()
+    });
     Server {
         base: format!("http://{addr}"),
         client: reqwest::Client::new(),
@@ -74,6 +80,19 @@ pub async fn start_opts(engine: Engine, edit: impl FnOnce(&mut ServeOptions)) ->
 }
 
 impl Server {
+    /// The server's `host:port`.
+    pub fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_string()
+    }
+
+    /// A raw TCP connection to the server that has sent `bytes`.
+    pub async fn raw(&self, bytes: &[u8]) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let mut c = tokio::net::TcpStream::connect(self.addr()).await.unwrap();
+        c.write_all(bytes).await.unwrap();
+        c
+    }
+
     pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let r = self
             .client
@@ -156,5 +175,44 @@ impl Server {
             }
         }
         (text, finish, done)
+    }
+}
+
+/// Reads from `c` until a response head has arrived, the server closed the connection, or
+/// `limit` passed. Returns the status (`None`: closed or reset before a head) and the time
+/// it took.
+pub async fn read_head(c: &mut tokio::net::TcpStream, limit: Duration) -> (Option<u16>, Duration) {
+    use tokio::io::AsyncReadExt;
+    let t0 = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = limit.saturating_sub(t0.elapsed());
+        match tokio::time::timeout(left, c.read(&mut chunk)).await {
+            Err(_) => panic!("no response and no close within {limit:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return (None, t0.elapsed()),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]);
+            let status = head.split(' ').nth(1).and_then(|s| s.parse().ok());
+            return (status, t0.elapsed());
+        }
+    }
+}
+
+/// Reads from `c` until the server closes the connection (or `limit` passes: a panic).
+/// Returns the time it took.
+pub async fn wait_closed(c: &mut tokio::net::TcpStream, limit: Duration) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let t0 = std::time::Instant::now();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = limit.saturating_sub(t0.elapsed());
+        match tokio::time::timeout(left, c.read(&mut chunk)).await {
+            Err(_) => panic!("the server kept the connection open past {limit:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => return t0.elapsed(),
+            Ok(Ok(_)) => {}
+        }
     }
 }

@@ -1,0 +1,154 @@
+//! A request's answer from its submissions: collected into one JSON body, or streamed as
+//! server-sent events ending with `data: [DONE]`. A choice that fails (its step failed, or the
+//! engine stopped) fails the whole answer with 500, or, once streaming, adds an error event
+//! before `[DONE]`. Dropping an answer (the client went away) drops its submissions, which
+//! abort their requests at once.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::Event as SseEvent;
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+use tessera_engine::RequestEvent as Event;
+
+use super::AppState;
+use crate::api::{self, ApiError, TokenLogprob};
+use crate::engine_loop::Submission;
+
+/// What a finished choice accumulated.
+#[derive(Default)]
+pub struct Choice {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<api::FinishReason>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// The error for a request whose channel closed before it finished: the engine stopped.
+fn engine_gone(state: &AppState) -> ApiError {
+    let reason = state
+        .handle
+        .health
+        .stopped()
+        .unwrap_or_else(|| "the engine has stopped".into());
+    ApiError::new(
+        500,
+        "server_error",
+        format!("the request did not finish: {reason}"),
+    )
+}
+
+pub async fn collect(state: &AppState, mut sub: Submission) -> Result<Choice, ApiError> {
+    let mut c = Choice::default();
+    while let Some(ev) = sub.events.recv().await {
+        match ev {
+            Event::Text { text, logprobs, .. } => {
+                c.text.push_str(&text);
+                c.logprobs.extend(logprobs);
+            }
+            Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                c.finish = Some(reason);
+                c.prompt_tokens = prompt_tokens;
+                c.completion_tokens = completion_tokens;
+                sub.finished();
+                return Ok(c);
+            }
+            Event::Failed { message } => {
+                sub.finished();
+                return Err(ApiError::new(500, "server_error", message));
+            }
+        }
+    }
+    Err(engine_gone(state))
+}
+
+pub enum StreamItem {
+    Delta {
+        text: String,
+        logprobs: Option<Vec<TokenLogprob>>,
+    },
+    Finish(api::FinishReason),
+}
+
+/// Merges the choices' event streams into SSE events; `render` builds each chunk's JSON.
+/// Choice `i` belongs to prompt `i / n`. A choice whose channel closes before it finished
+/// (the engine stopped) gets an error event; usage counts every prompt's tokens once.
+/// Dropping the stream (client gone) drops the submissions, which abort their requests.
+pub fn sse_stream(
+    state: Arc<AppState>,
+    subs: Vec<Submission>,
+    n: usize,
+    include_usage: bool,
+    render: impl Fn(usize, StreamItem) -> Option<Value> + Send + 'static,
+    with_logprobs: bool,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
+    let merged = stream::select_all(subs.into_iter().enumerate().map(|(i, sub)| {
+        stream::unfold(Some(sub), move |sub| async move {
+            let mut sub = sub?;
+            match sub.events.recv().await {
+                // Closed without a last event: the engine is gone.
+                None => Some(((i, None), None)),
+                Some(ev @ (Event::Finished { .. } | Event::Failed { .. })) => {
+                    sub.finished();
+                    Some(((i, Some(ev)), None))
+                }
+                Some(ev) => Some(((i, Some(ev)), Some(sub))),
+            }
+        })
+        .boxed()
+    }));
+    // (prompt tokens, completion tokens) over all choices.
+    let usage = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
+    let tail_usage = usage.clone();
+    let n = n.max(1);
+    let body = merged.filter_map(move |(i, ev)| {
+        let item = match ev {
+            Some(Event::Text { text, logprobs, .. }) => render(
+                i,
+                StreamItem::Delta {
+                    text,
+                    logprobs: with_logprobs.then_some(logprobs),
+                },
+            ),
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            }) => {
+                let mut u = usage.lock().unwrap_or_else(|e| e.into_inner());
+                if i % n == 0 {
+                    u.0 += prompt_tokens;
+                }
+                u.1 += completion_tokens;
+                render(i, StreamItem::Finish(reason))
+            }
+            Some(Event::Failed { message }) => Some(error_chunk(&message)),
+            None => Some(error_chunk(&engine_gone(&state).message)),
+        };
+        std::future::ready(item.map(|v| Ok(SseEvent::default().data(v.to_string()))))
+    });
+    let tail = stream::once(async move { *tail_usage.lock().unwrap_or_else(|e| e.into_inner()) })
+        .flat_map(move |(p, c)| {
+            let mut v = vec![];
+            if include_usage {
+                v.push(Ok(SseEvent::default().data(
+                    json!({"object": "usage", "choices": [], "usage": api::usage(p, c)})
+                        .to_string(),
+                )));
+            }
+            v.push(Ok(SseEvent::default().data("[DONE]")));
+            stream::iter(v)
+        });
+    body.chain(tail)
+}
+
+/// An error event inside a stream.
+fn error_chunk(message: &str) -> Value {
+    json!({"error": {"message": crate::text::safe_message(message), "type": "server_error"}})
+}

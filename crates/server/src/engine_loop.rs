@@ -281,6 +281,14 @@ impl Loop<'_> {
                         .stop(format!("tensor parallelism failed: {why}"));
                 }
                 self.deliver(out);
+                if self.steps.engine().tp_size() > 1 {
+                    let stats = self.steps.engine().overlap_stats();
+                    *self
+                        .metrics
+                        .overlap
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(stats);
+                }
                 if let Some(why) = failure {
                     return format!("tensor parallelism failed: {why}");
                 }

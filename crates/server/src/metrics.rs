@@ -63,6 +63,8 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub tpot: Histogram,
     pub started: Mutex<Option<std::time::Instant>>,
+    /// Under tensor parallelism: the measured link and the sub-batchings chosen.
+    pub overlap: Mutex<Option<tessera_engine::OverlapStats>>,
 }
 
 impl Metrics {
@@ -169,6 +171,9 @@ impl Metrics {
             0.0
         };
         s.push_str(&format!("# HELP tessera_generation_tokens_per_second Generated tokens per second since start.\n# TYPE tessera_generation_tokens_per_second gauge\ntessera_generation_tokens_per_second {tps}\n"));
+        if let Some(o) = &*self.overlap.lock().unwrap_or_else(|e| e.into_inner()) {
+            render_overlap(o, &mut s);
+        }
         self.ttft.render(
             "tessera_time_to_first_token_seconds",
             "Time to first token.",
@@ -180,5 +185,45 @@ impl Metrics {
             &mut s,
         );
         s
+    }
+}
+
+/// The tensor-parallel overlap planner's figures: the link it measured at start-up, how many
+/// steps ran with each sub-batching, and its prediction for the last step.
+fn render_overlap(o: &tessera_engine::OverlapStats, s: &mut String) {
+    if let Some(link) = o.link {
+        s.push_str(&format!(
+            "# HELP tessera_tp_link_latency_seconds All-reduce latency measured at start-up.\n# TYPE tessera_tp_link_latency_seconds gauge\ntessera_tp_link_latency_seconds {}\n",
+            link.latency_s
+        ));
+        let bw = if link.secs_per_byte > 0.0 {
+            1.0 / link.secs_per_byte
+        } else {
+            0.0
+        };
+        s.push_str(&format!(
+            "# HELP tessera_tp_link_bytes_per_second All-reduce bandwidth measured at start-up.\n# TYPE tessera_tp_link_bytes_per_second gauge\ntessera_tp_link_bytes_per_second {bw}\n"
+        ));
+    }
+    s.push_str("# HELP tessera_tp_sub_batches_total Engine steps by the sub-batching they ran with (chosen per step by the step-time model, or forced).\n# TYPE tessera_tp_sub_batches_total counter\n");
+    for (spec, n) in &o.choices {
+        s.push_str(&format!(
+            "tessera_tp_sub_batches_total{{s=\"{}\",split=\"{}\"}} {n}\n",
+            spec.count, spec.split
+        ));
+    }
+    if let Some((spec, est)) = o.last {
+        s.push_str(&format!(
+            "# HELP tessera_tp_last_step_sub_batches Sub-batches of the last step.\n# TYPE tessera_tp_last_step_sub_batches gauge\ntessera_tp_last_step_sub_batches{{split=\"{}\"}} {}\n",
+            spec.split, spec.count
+        ));
+        s.push_str(&format!(
+            "# HELP tessera_tp_last_step_predicted_seconds The step-time model's prediction for the last step.\n# TYPE tessera_tp_last_step_predicted_seconds gauge\ntessera_tp_last_step_predicted_seconds {}\n",
+            est.step
+        ));
+        s.push_str(&format!(
+            "# HELP tessera_tp_last_step_predicted_hidden_ratio Share of the last step's communication predicted hidden behind compute.\n# TYPE tessera_tp_last_step_predicted_hidden_ratio gauge\ntessera_tp_last_step_predicted_hidden_ratio {}\n",
+            est.hidden()
+        ));
     }
 }

@@ -90,5 +90,5 @@ taskset -c 0 ip netns exec "$ns0" mpirun --allow-run-as-root --hostfile "$tmp/ho
     "$BIN" bench tp --tp 2 --tp-backend mpi --threads 1 --json --label "veth $rate" \
     "${bench_args[@]}" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
 grep -v '^{' "$tmp/err" >&2 || true
-sent=$(tc -n "$ns0" -s qdisc show dev "$va" | awk '/Sent/ {print $2; exit}')
-echo "tp-netns: $sent bytes went through the shaped link from rank 0" >&2
+stats=$(tc -n "$ns0" -s qdisc show dev "$va" | awk '/Sent/ {gsub(",", "", $7); print $2, $7; exit}')
+echo "tp-netns: ${stats% *} bytes went through the shaped link from rank 0, ${stats#* } packets dropped by the shaper" >&2

@@ -172,11 +172,11 @@ pub fn run_tp(cfg: &TpBenchConfig) -> Result<()> {
         }
         rows.push(measure(&mut engine, SubBatchPolicy::Auto)?);
     }
-    print_rows(cfg, &rows, link, engine.pool.units());
+    print_rows(cfg, &rows, &link, engine.pool.units());
     Ok(())
 }
 
-fn print_rows(cfg: &TpBenchConfig, rows: &[TpRow], link: tessera_sim::CommCost, units: usize) {
+fn print_rows(cfg: &TpBenchConfig, rows: &[TpRow], link: &tessera_sim::CommCost, units: usize) {
     let base = |tokens: usize| {
         rows.iter()
             .find(|r| r.tokens == tokens && r.spec.count == 1 && !r.chosen)
@@ -211,6 +211,7 @@ fn print_rows(cfg: &TpBenchConfig, rows: &[TpRow], link: tessera_sim::CommCost, 
                     "precision": cfg.precision.to_string(),
                     "link_latency_us": round(link.latency_s * 1e6),
                     "link_gb_s": round(link.gbytes_per_s()),
+                    "link_points": link.points,
                     "label": cfg.label,
                 })
             );

@@ -161,7 +161,7 @@ fn build(a: &SimulateArgs) -> Result<(StepModel, String)> {
         }
     };
     let link = a.link.clone().unwrap_or_else(|| {
-        if matches!(model.comm, CommCost::FREE) {
+        if model.comm == CommCost::FREE {
             "nvlink".into()
         } else {
             "measured".into()
@@ -244,7 +244,9 @@ fn against(a: &SimulateArgs, file: &Path) -> Result<()> {
     let p = precision(first.precision.as_deref().unwrap_or(&a.precision))?;
     let path = a.model.as_deref().map(Path::new);
     let mut model = measured(path, tp, per_rank, p)?;
-    if let (Some(lat), Some(gbs)) = (first.link_latency_us, first.link_gb_s) {
+    if let Some(points) = first.link_points.as_deref().filter(|p| p.len() >= 2) {
+        model.comm = CommCost::from_points(points);
+    } else if let (Some(lat), Some(gbs)) = (first.link_latency_us, first.link_gb_s) {
         model.comm = CommCost::from_figures(lat, gbs);
     }
     let out = compare(&model, &rows).map_err(|e| anyhow!(e))?;

@@ -36,34 +36,41 @@ impl From<SubBatching> for SubBatchPolicy {
 /// Row counts the start-up profile times.
 pub const PROFILE_ROWS: [usize; 6] = [1, 4, 16, 64, 256, 1024];
 /// Logits-row counts the head is timed at.
-const HEAD_ROWS: [usize; 3] = [1, 8, 32];
+const HEAD_ROWS: [usize; 4] = [1, 4, 16, 64];
 /// Largest sub-batch count the planner considers.
 pub const MAX_SUB_BATCHES: usize = 4;
 
-/// Times rank 0's stages (this process's shard on its compute units).
+/// Times rank 0's stages (this process's shard on its compute units): at each row count of
+/// [`PROFILE_ROWS`], the stages on that many one-row sequences (the rows' cost with almost
+/// no attention), and once, on one sequence of the largest count, what attention adds per
+/// key attended; the head at a few logits-row counts.
 pub fn measure_profile(model: &LlamaModel, ctx: &ExecCtx) -> Result<MeasuredProfile> {
+    let reps = |rows: usize| if rows >= 256 { 2 } else { 5 };
     let mut points = Vec::new();
     for &rows in &PROFILE_ROWS {
-        let t = model.time_stages(ctx, rows, if rows >= 256 { 2 } else { 5 })?;
+        let t = model.time_stages(ctx, &vec![1; rows], reps(rows))?;
         points.push(StagePoint {
             rows: t.rows,
             attn_s: t.attn_s,
             mlp_s: t.mlp_s,
         });
     }
-    // The head per logits row: least squares through the origin over the counts timed.
-    let mut heads = Vec::new();
+    let big = *PROFILE_ROWS.last().expect("a ladder");
+    let one = model.time_stages(ctx, &[big], reps(big))?;
+    let extra_keys = (big * (big + 1) / 2 - big) as f64;
+    let base = points.last().map_or(0.0, |p| p.attn_s);
+    let attn_s_per_key = ((one.attn_s - base) / extra_keys).max(0.0);
+    let mut head = Vec::new();
     let mut embed = 0.0;
     for &r in &HEAD_ROWS {
         let (h, e) = model.time_head(ctx, r, 3)?;
-        heads.push((r, h));
+        head.push((r, h));
         embed = e / r as f64;
     }
-    let sxy: f64 = heads.iter().map(|&(r, t)| r as f64 * t).sum();
-    let sxx: f64 = heads.iter().map(|&(r, _)| (r * r) as f64).sum();
     Ok(MeasuredProfile {
         points,
-        head_s_per_row: sxy / sxx,
+        attn_s_per_key,
+        head,
         embed_s_per_row: embed,
     })
 }
@@ -112,7 +119,7 @@ impl OverlapPlanner {
 
     pub fn stats(&self) -> OverlapStats {
         OverlapStats {
-            link: Some(self.model.comm),
+            link: Some(self.model.comm.clone()),
             choices: self
                 .choices
                 .iter()

@@ -33,8 +33,24 @@ use crate::tp_rank::rank_forward;
 pub use crate::tp_rank::StepMode;
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
+/// The link model of the start-up measurement, said on stderr.
+pub(crate) fn measured_link(points: &[(usize, f64)]) -> CommCost {
+    let figures: Vec<String> = points
+        .iter()
+        .map(|&(b, t)| format!("{} KiB {:.0} µs", b >> 10, t * 1e6))
+        .collect();
+    let link = CommCost::from_points(points);
+    eprintln!(
+        "tensor parallelism: all-reduce measured at {} (about {:.0} µs + {:.2} GB/s)",
+        figures.join(", "),
+        link.latency_s * 1e6,
+        link.gbytes_per_s()
+    );
+    link
+}
+
 /// Repetitions of each size in the start-up link measurement.
-pub(crate) const LINK_REPS: usize = 5;
+pub(crate) const LINK_REPS: usize = 7;
 
 /// One rank's means: its shard, compute units, planner and communicator.
 struct Rank {
@@ -269,11 +285,23 @@ impl TpGroup {
                 handle: Some(handle),
             });
         }
+        // Rank 0 measures from a thread pinned where its steps will run, as the followers do.
         let mut comm0 = comm0;
-        let points = link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS).map_err(comm_err)?;
+        let cpu = cpus0.first().copied();
+        let points = std::thread::scope(|s| {
+            s.spawn(|| {
+                if let Some(c) = cpu {
+                    pin_current_thread(c);
+                }
+                link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS)
+            })
+            .join()
+        })
+        .map_err(|_| Error::Other("the link measurement panicked".into()))?
+        .map_err(comm_err)?;
         Ok((
             TpGroup {
-                link: CommCost::fit(&points),
+                link: measured_link(&points),
                 overlap: None,
                 layout,
                 comm0,
@@ -312,7 +340,7 @@ impl TpGroup {
             .map_err(|e| Error::Other(format!("starting the communication thread: {e}")))?;
         let points = link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS).map_err(comm_err)?;
         Ok(TpGroup {
-            link: CommCost::fit(&points),
+            link: measured_link(&points),
             overlap: None,
             cpu0,
             pinned: None,
@@ -489,7 +517,7 @@ impl TpGroup {
         ctx0: &ExecCtx,
     ) -> Result<()> {
         let profile = overlap_plan::measure_profile(model0, ctx0)?;
-        let model = overlap_plan::step_model(config, self.size(), profile, self.link);
+        let model = overlap_plan::step_model(config, self.size(), profile, self.link.clone());
         self.overlap = Some(OverlapPlanner::new(model));
         Ok(())
     }
@@ -508,7 +536,7 @@ impl TpGroup {
     pub fn overlap_stats(&self) -> OverlapStats {
         self.overlap.as_ref().map_or_else(
             || OverlapStats {
-                link: Some(self.link),
+                link: Some(self.link.clone()),
                 ..OverlapStats::default()
             },
             OverlapPlanner::stats,

@@ -48,12 +48,13 @@ impl LlamaModel {
         Ok((BatchMeta { seqs }, kv))
     }
 
-    /// Layer 0's attention and MLP stage times on a fresh prefill of `rows` rows (median of
-    /// `reps` after a warm-up).
-    pub fn time_stages(&self, ctx: &ExecCtx, rows: usize, reps: usize) -> Result<StageTiming> {
+    /// Layer 0's attention and MLP stage times on fresh prefills of sequences of `seqs` rows
+    /// each (median of `reps` after a warm-up).
+    pub fn time_stages(&self, ctx: &ExecCtx, seqs: &[usize], reps: usize) -> Result<StageTiming> {
         let c = &self.config;
         let h = c.hidden_size;
-        let (batch, mut kv) = self.scratch_step(&[rows.max(1)], LogitsFor::None)?;
+        let seqs: Vec<usize> = seqs.iter().map(|&n| n.max(1)).collect();
+        let (batch, mut kv) = self.scratch_step(&seqs, LogitsFor::None)?;
         let mut ws = Workspace::new();
         ws.batch.prepare(
             &batch,

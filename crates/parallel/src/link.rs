@@ -9,12 +9,17 @@ use std::time::Instant;
 use crate::overlap::CommThread;
 use crate::{CommError, Communicator};
 
-/// The time of one all-reduce of a buffer of `bytes` (each rank's buffer): `latency_s +
-/// bytes · secs_per_byte`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The time of one all-reduce of a buffer of `bytes` (each rank's buffer): through the
+/// measured `points` where there are two or more (interpolated linearly between them, the
+/// last segment's slope beyond them, the first point's time below it: real links are not
+/// lines, a token-bucket shaper least of all), else `latency_s + bytes · secs_per_byte`.
+/// `latency_s` and `secs_per_byte` always hold the line's figures, for display.
+#[derive(Debug, Clone, PartialEq)]
 pub struct CommCost {
     pub latency_s: f64,
     pub secs_per_byte: f64,
+    /// Measured `(bytes, secs)`, sorted by bytes.
+    pub points: Vec<(usize, f64)>,
 }
 
 impl CommCost {
@@ -22,13 +27,24 @@ impl CommCost {
     pub const FREE: CommCost = CommCost {
         latency_s: 0.0,
         secs_per_byte: 0.0,
+        points: Vec::new(),
     };
 
     pub fn secs(&self, bytes: usize) -> f64 {
         if bytes == 0 {
             return 0.0;
         }
-        self.latency_s + bytes as f64 * self.secs_per_byte
+        let p = &self.points;
+        if p.len() < 2 {
+            return self.latency_s + bytes as f64 * self.secs_per_byte;
+        }
+        if bytes <= p[0].0 {
+            return p[0].1;
+        }
+        let i = p.partition_point(|q| q.0 < bytes).clamp(1, p.len() - 1);
+        let ((xa, ya), (xb, yb)) = (p[i - 1], p[i]);
+        let slope = (yb - ya) / (xb - xa) as f64;
+        (ya + slope * (bytes as f64 - xa as f64)).max(p[0].1)
     }
 
     /// Bandwidth the fit implies, GB/s (infinite for a free link).
@@ -45,6 +61,32 @@ impl CommCost {
             } else {
                 0.0
             },
+            points: Vec::new(),
+        }
+    }
+
+    /// The measured `points` (interpolated by [`CommCost::secs`]), with the display line:
+    /// the bandwidth of the largest two sizes, the latency left at the smallest.
+    pub fn from_points(points: &[(usize, f64)]) -> CommCost {
+        let mut p: Vec<(usize, f64)> = points
+            .iter()
+            .copied()
+            .filter(|(_, t)| *t > 0.0 && t.is_finite())
+            .collect();
+        p.sort_by_key(|q| q.0);
+        p.dedup_by_key(|q| q.0);
+        if p.len() < 2 {
+            return CommCost {
+                points: Vec::new(),
+                ..CommCost::fit(&p)
+            };
+        }
+        let ((xa, ya), (xb, yb)) = (p[p.len() - 2], p[p.len() - 1]);
+        let spb = ((yb - ya) / (xb - xa) as f64).max(0.0);
+        CommCost {
+            latency_s: (p[0].1 - p[0].0 as f64 * spb).max(0.0),
+            secs_per_byte: spb,
+            points: p,
         }
     }
 
@@ -77,16 +119,18 @@ impl CommCost {
         CommCost {
             latency_s: intercept,
             secs_per_byte: slope,
+            points: Vec::new(),
         }
     }
 }
 
 /// Buffer sizes (bytes) the start-up measurement times.
-pub const MEASURE_SIZES: [usize; 4] = [4 << 10, 64 << 10, 512 << 10, 2 << 20];
+pub const MEASURE_SIZES: [usize; 6] = [4 << 10, 32 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20];
 
-/// Times the all-reduce at each of `sizes` (median of `reps` after one warm-up) and returns
-/// the `(bytes, secs)` points. A collective: every rank of the group calls it with the same
-/// arguments. A group of one rank returns no points.
+/// Times the all-reduce at each of `sizes` (median of `reps` after one warm-up) in two rounds
+/// over the sizes, keeping each size's faster round (a round can catch the threads badly
+/// placed by the OS scheduler), and returns the `(bytes, secs)` points. A collective: every
+/// rank of the group calls it with the same arguments. A group of one rank returns no points.
 pub fn measure(
     comm: &mut CommThread,
     sizes: &[usize],
@@ -95,20 +139,22 @@ pub fn measure(
     if comm.size() <= 1 {
         return Ok(Vec::new());
     }
-    let mut points = Vec::with_capacity(sizes.len());
-    for &bytes in sizes {
-        let mut buf = vec![0f32; bytes.div_ceil(4)];
-        let mut times = Vec::with_capacity(reps);
-        for i in 0..reps.max(1) + 1 {
-            let t0 = Instant::now();
-            let t = comm.start_reduce(&buf)?;
-            comm.finish_reduce(t, &mut buf)?;
-            if i > 0 {
-                times.push(t0.elapsed().as_secs_f64());
+    let mut points: Vec<(usize, f64)> = sizes.iter().map(|&b| (b, f64::INFINITY)).collect();
+    for _round in 0..2 {
+        for (bytes, best) in points.iter_mut() {
+            let mut buf = vec![0f32; bytes.div_ceil(4)];
+            let mut times = Vec::with_capacity(reps);
+            for i in 0..reps.max(1) + 1 {
+                let t0 = Instant::now();
+                let t = comm.start_reduce(&buf)?;
+                comm.finish_reduce(t, &mut buf)?;
+                if i > 0 {
+                    times.push(t0.elapsed().as_secs_f64());
+                }
             }
+            times.sort_by(f64::total_cmp);
+            *best = best.min(times[times.len() / 2]);
         }
-        times.sort_by(f64::total_cmp);
-        points.push((bytes, times[times.len() / 2]));
     }
     Ok(points)
 }
@@ -135,6 +181,29 @@ mod tests {
         // A line through a negative intercept goes through the origin instead.
         let f = CommCost::fit(&[(1000, 1e-6), (1_000_000, 2e-3)]);
         assert!(f.latency_s == 0.0 && f.secs_per_byte > 0.0, "{f:?}");
+    }
+
+    #[test]
+    fn measured_points_are_interpolated_and_extrapolated() {
+        // A shaper: fast up to its burst, then the rate.
+        let pts = [
+            (4096, 1e-4),
+            (65536, 2e-4),
+            (1 << 20, 8e-3),
+            (4 << 20, 32e-3),
+        ];
+        let c = CommCost::from_points(&pts);
+        for &(b, t) in &pts {
+            assert!((c.secs(b) - t).abs() < 1e-12);
+        }
+        assert_eq!(c.secs(100), 1e-4);
+        assert_eq!(c.secs(0), 0.0);
+        let mid = c.secs(2 << 20);
+        assert!((mid - 16e-3).abs() < 1e-9, "{mid}");
+        assert!((c.secs(8 << 20) - 64e-3).abs() < 1e-9);
+        assert!((c.gbytes_per_s() - (3 << 20) as f64 / 24e-3 * 1e-9).abs() < 1e-9);
+        // Fewer than two points: the line.
+        assert!(CommCost::from_points(&[(4096, 1e-4)]).points.is_empty());
     }
 
     #[test]

@@ -14,11 +14,45 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mpi::point_to_point::{Destination, Source};
+use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
 use mpi::topology::Communicator as _;
 use mpi::Threading;
 
 use crate::{sum_in_rank_order, CommError, Communicator};
+
+/// How the communication thread waits for MPI without spinning a core the rank's compute
+/// may share: it polls (each poll also drives MPI's progress), yielding the CPU between
+/// polls, then sleeping between them once a wait has gone on for a while (a follower idle
+/// between steps), so a blocked receive never keeps a core busy.
+struct Backoff {
+    since: std::time::Instant,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff {
+            since: std::time::Instant::now(),
+        }
+    }
+    fn pause(&mut self) {
+        let waited = self.since.elapsed();
+        if waited < Duration::from_micros(200) {
+            std::thread::yield_now();
+            return;
+        }
+        let nap = if waited < Duration::from_millis(2) {
+            Duration::from_micros(20)
+        } else if waited < Duration::from_secs(1) {
+            Duration::from_micros(200)
+        } else {
+            Duration::from_millis(2)
+        };
+        std::thread::sleep(nap);
+    }
+}
+
+/// Largest MPI message: bigger buffers go as several.
+const CHUNK: usize = 256 << 10;
 
 struct Exchange {
     data: Vec<u8>,
@@ -101,28 +135,54 @@ fn comm_thread(
     while let Ok(job) = jobs.recv() {
         seq += 1;
         let mut out: Vec<Vec<u8>> = vec![Vec::new(); size];
+        // Each message goes as chunks of at most CHUNK bytes, the last one shorter (empty
+        // when the length is a multiple): large single messages over TCP ran at a fraction
+        // of the link's rate, chunks of this size run at it. Messages between two ranks are
+        // non-overtaking, so the chunks arrive in order.
+        let chunks: Vec<&[u8]> = job
+            .data
+            .chunks(CHUNK)
+            .chain((job.data.len() % CHUNK == 0).then_some(&[][..]))
+            .collect();
         mpi::request::scope(|scope| {
             let sends: Vec<_> = (0..size)
                 .filter(|&r| r != me)
                 .map(|r| {
-                    (
-                        r,
-                        world
-                            .process_at_rank(r as i32)
-                            .immediate_send(scope, &job.data[..]),
-                    )
+                    let p = world.process_at_rank(r as i32);
+                    let reqs: Vec<_> = chunks.iter().map(|c| p.immediate_send(scope, *c)).collect();
+                    (r, reqs)
                 })
                 .collect();
             for (r, slot) in out.iter_mut().enumerate() {
                 if r == me {
                     continue;
                 }
-                let (msg, _status) = world.process_at_rank(r as i32).receive_vec::<u8>();
-                *slot = msg;
+                let peer = world.process_at_rank(r as i32);
+                loop {
+                    let mut wait = Backoff::new();
+                    let msg = loop {
+                        match peer.immediate_matched_probe() {
+                            Some(m) => break m,
+                            None => wait.pause(),
+                        }
+                    };
+                    let (msg, _status) = msg.matched_receive_vec::<u8>();
+                    let last = msg.len() < CHUNK;
+                    slot.extend_from_slice(&msg);
+                    if last {
+                        break;
+                    }
+                }
                 arrived.lock().unwrap_or_else(|e| e.into_inner())[r].0 = seq;
             }
-            for (r, s) in sends {
-                s.wait();
+            for (r, reqs) in sends {
+                for mut s in reqs {
+                    let mut wait = Backoff::new();
+                    while let Err(pending) = s.test() {
+                        s = pending;
+                        wait.pause();
+                    }
+                }
                 arrived.lock().unwrap_or_else(|e| e.into_inner())[r].1 = seq;
             }
         });

@@ -191,7 +191,7 @@ impl Metrics {
 /// The tensor-parallel overlap planner's figures: the link it measured at start-up, how many
 /// steps ran with each sub-batching, and its prediction for the last step.
 fn render_overlap(o: &tessera_engine::OverlapStats, s: &mut String) {
-    if let Some(link) = o.link {
+    if let Some(link) = &o.link {
         s.push_str(&format!(
             "# HELP tessera_tp_link_latency_seconds All-reduce latency measured at start-up.\n# TYPE tessera_tp_link_latency_seconds gauge\ntessera_tp_link_latency_seconds {}\n",
             link.latency_s

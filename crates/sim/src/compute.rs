@@ -27,42 +27,49 @@ pub struct StagePoint {
     pub mlp_s: f64,
 }
 
-/// Stage times measured on this machine at a ladder of row counts; other row counts are
-/// interpolated linearly (and extrapolated from the two end points). Attention is measured
-/// on prefills, so longer contexts than a prefill's are not charged (a known limit).
+/// Stage times measured on this machine at a ladder of row counts (rows attending almost
+/// nothing), interpolated linearly between them (and extrapolated from the end segments),
+/// plus attention's cost per key attended beyond one per row; the head at a few logits-row
+/// counts, interpolated the same way.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MeasuredProfile {
     /// Sorted by rows, at least one point.
     pub points: Vec<StagePoint>,
-    /// The head's time per logits row.
-    pub head_s_per_row: f64,
+    /// Attention's time per key attended beyond the first of each row.
+    #[serde(default)]
+    pub attn_s_per_key: f64,
+    /// `(logits rows, seconds)` of the final norm and head, sorted by rows.
+    pub head: Vec<(usize, f64)>,
     /// The embedding's time per row.
     pub embed_s_per_row: f64,
 }
 
+/// `f` at `x` through `(x, f(x))` points sorted by x: linear between them, the end segments'
+/// slopes beyond them, never below zero; 0 at x = 0.
+fn interpolate(points: &[(usize, f64)], x: usize) -> f64 {
+    if x == 0 || points.is_empty() {
+        return 0.0;
+    }
+    if points.len() == 1 {
+        return points[0].1 * x as f64 / points[0].0.max(1) as f64;
+    }
+    let i = points
+        .partition_point(|q| q.0 < x)
+        .clamp(1, points.len() - 1);
+    let ((xa, ya), (xb, yb)) = (points[i - 1], points[i]);
+    (ya + (yb - ya) * (x as f64 - xa as f64) / (xb as f64 - xa as f64)).max(0.0)
+}
+
 impl MeasuredProfile {
     fn interp(&self, rows: usize, f: impl Fn(&StagePoint) -> f64) -> f64 {
-        let p = &self.points;
-        if rows == 0 || p.is_empty() {
-            return 0.0;
-        }
-        let x = rows as f64;
-        // The segment holding x, or the nearest end segment.
-        let i = p
-            .partition_point(|q| q.rows < rows)
-            .clamp(1, p.len().max(2) - 1);
-        if p.len() == 1 {
-            return f(&p[0]) * x / p[0].rows as f64;
-        }
-        let (a, b) = (&p[i - 1], &p[i]);
-        let (xa, xb) = (a.rows as f64, b.rows as f64);
-        (f(a) + (f(b) - f(a)) * (x - xa) / (xb - xa)).max(0.0)
+        let pts: Vec<(usize, f64)> = self.points.iter().map(|p| (p.rows, f(p))).collect();
+        interpolate(&pts, rows)
     }
 }
 
 impl StageCost for MeasuredProfile {
-    fn attn(&self, rows: usize, _keys: usize) -> f64 {
-        self.interp(rows, |p| p.attn_s)
+    fn attn(&self, rows: usize, keys: usize) -> f64 {
+        self.interp(rows, |p| p.attn_s) + keys.saturating_sub(rows) as f64 * self.attn_s_per_key
     }
     fn mlp(&self, rows: usize) -> f64 {
         self.interp(rows, |p| p.mlp_s)
@@ -71,7 +78,7 @@ impl StageCost for MeasuredProfile {
         rows as f64 * self.embed_s_per_row
     }
     fn head(&self, rows: usize) -> f64 {
-        rows as f64 * self.head_s_per_row
+        interpolate(&self.head, rows)
     }
 }
 
@@ -202,7 +209,8 @@ mod tests {
                     mlp_s: 32.0,
                 },
             ],
-            head_s_per_row: 0.5,
+            attn_s_per_key: 0.25,
+            head: vec![(1, 0.5), (4, 2.0)],
             embed_s_per_row: 0.0,
         }
     }
@@ -218,6 +226,9 @@ mod tests {
         assert!((p.mlp(128) - 64.0).abs() < 1e-12);
         assert_eq!(p.mlp(0), 0.0);
         assert_eq!(p.head(4), 2.0);
+        assert_eq!(p.head(2), 1.0);
+        // Keys beyond one per row cost attention extra.
+        assert_eq!(p.attn(16, 16 + 8), 4.0 + 8.0 * 0.25);
     }
 
     #[test]

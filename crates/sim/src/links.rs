@@ -72,6 +72,7 @@ impl Link {
         CommCost {
             latency_s: steps * self.latency_us * 1e-6,
             secs_per_byte: steps / ranks as f64 * 1e-9 / self.gbytes_per_s,
+            points: Vec::new(),
         }
     }
 }

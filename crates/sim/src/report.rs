@@ -114,6 +114,9 @@ pub struct MeasuredRow {
     pub link_gb_s: Option<f64>,
     #[serde(default)]
     pub precision: Option<String>,
+    /// The all-reduce times measured at start-up, `[bytes, secs]`.
+    #[serde(default)]
+    pub link_points: Option<Vec<(usize, f64)>>,
 }
 
 /// Parses bench tp's JSON lines (blank lines and lines not starting with `{` are skipped).

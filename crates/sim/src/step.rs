@@ -183,7 +183,8 @@ mod tests {
             act_bytes: 4,
             compute: Arc::new(MeasuredProfile {
                 points,
-                head_s_per_row: 1e-6,
+                attn_s_per_key: 0.0,
+                head: vec![(1, 1e-6), (64, 64e-6)],
                 embed_s_per_row: 0.0,
             }),
             comm: CommCost::from_figures(latency_us, gbs),

@@ -260,16 +260,16 @@ fn predict_stream_us(
         dram_bw
     };
     mem_ns += (tiles_m - 1.0).max(0.0) * weight_bytes / reread_bw;
-    // Per tile: lane trees and writes (~10 ns) and row setup.
+    // Per tile: lane trees, writes and row setup (~3 ns).
     let tiles = tiles_m * (nn / nr as f64).ceil();
-    let extra_ns = tiles * 10.0;
+    let extra_ns = tiles * 3.0;
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
 }
 
 /// The packed kernel: every weight element dequantized once into a panel; tiles at the
-/// kernel's measured rate; activations re-read per `nr` group (from L2 when an `mc × kc`
-/// block fits, else L3); lane accumulators stored and reloaded between K blocks; a penalty
-/// when an `nr × kc` sub-panel overflows L1.
+/// kernel's measured rate; activations re-read per `nc` block and the panel per activation
+/// tile (each from L2 when it fits, else L3); lane accumulators stored and reloaded between
+/// K blocks; a penalty when an `nr × kc` sub-panel overflows L1.
 fn predict_packed_us(
     p: &MachineProfile,
     plan: &Plan,
@@ -301,14 +301,24 @@ fn predict_packed_us(
     let bpw = bytes_per_weight(dtype);
     let dram_bw = p.dram_gbs / units;
     let mut mem_ns = nn * kf * bpw / dram_bw;
-    let mc = t.mc.max(1).min(rows.max(1)) as f64;
-    let a_bytes = (nn / nr as f64) * rows as f64 * kf * 4.0;
-    let a_bw = if mc * kc * 4.0 <= p.l2_bytes as f64 * 0.5 {
+    // Activation tiles stay in L1 across an `nc` block's groups, so the unit's activation
+    // rows are re-read once per `nc` block (from L2 when a K block of them fits, else L3);
+    // the panel streams past every activation tile (from L2 when it fits, else L3).
+    let nc = t.nc.max(nr) as f64;
+    let a_bytes = (nn / nc).ceil() * rows as f64 * kf * 4.0;
+    let a_bw = if rows as f64 * kc * 4.0 <= p.l2_bytes as f64 * 0.5 {
         p.l2_gbs_per_core
     } else {
         p.l3_gbs / units
     };
-    mem_ns = mem_ns.max(a_bytes / a_bw);
+    let panel = nc * kc * 4.0;
+    let b_bytes = (rows as f64 / mr as f64).ceil() * nn * kf * 4.0;
+    let b_bw = if panel <= p.l2_bytes as f64 * 0.5 {
+        p.l2_gbs_per_core * 2.0 // one sequential stream, prefetched
+    } else {
+        p.l3_gbs / units
+    };
+    mem_ns = mem_ns.max(a_bytes / a_bw + b_bytes / b_bw);
     let blocks_k = (kf / kc).ceil();
     let tiles = (rows as f64 / mr as f64).ceil() * (nn / nr as f64);
     let mut extra_ns = nn * kf / p.dequant_elems_per_ns;
@@ -319,11 +329,8 @@ fn predict_packed_us(
     }
     // Per tile and K block: setup and lane traffic (~4 ns); per element: lane tree (~1 ns).
     extra_ns += tiles * blocks_k * 4.0 + tiles * (mr * nr) as f64;
-    // A panel block that overflows L2 is re-read from L3 by every activation block.
-    let panel = t.nc.max(nr) as f64 * kc * 4.0;
-    if panel > p.l2_bytes as f64 * 0.5 {
-        extra_ns += (rows as f64 / mc).ceil() * nn * kf * 4.0 / (p.l3_gbs / units);
-    }
+    // Cache traffic overlaps the FMAs only in part.
+    extra_ns += 0.3 * compute_ns.min(mem_ns);
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
 }
 

@@ -224,8 +224,13 @@ pub unsafe fn stream_tile<const DT: u8, const MR: usize, const NR: usize>(
 ) -> [[f32; NR]; MR] {
     let mut acc = [[_mm256_setzero_ps(); NR]; MR];
     let groups = k / 32;
+    // Rows of one tensor are contiguous, so `w[n] + NR · row` is the next tile's row `n`:
+    // fetch it one tile ahead (a hint that never faults; wrapping arithmetic, no deref).
+    let ahead = NR * (k / 32) * group_bytes(DT);
     for b in 0..groups {
         for n in 0..NR {
+            let pf = w[n].wrapping_add(ahead + b * group_bytes(DT));
+            _mm_prefetch::<_MM_HINT_T0>(pf as *const i8);
             let v = decode_group::<DT>(w[n], b);
             for (j, wv) in v.into_iter().enumerate() {
                 for m in 0..MR {

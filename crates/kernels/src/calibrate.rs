@@ -12,7 +12,7 @@ use tessera_runtime::{split_range, ThreadPool};
 use crate::cost::MachineProfile;
 use crate::gemm::{execute, GemmWeight};
 use crate::isa::Isa;
-use crate::plan::{KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision};
+use crate::plan::{F32Kernel, KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision};
 use crate::planner::{cpu_model, Planner, ShapeKey};
 
 fn best_of<F: FnMut() -> f64>(runs: usize, mut f: F) -> f64 {
@@ -136,49 +136,69 @@ fn weight(dtype: DType, n: usize, k: usize, repack: bool) -> GemmWeight {
 /// GFLOP/s of one unit running the family's usual tile on cache-resident data.
 fn family_gflops(family: KernelFamily) -> f64 {
     match family {
-        KernelFamily::F32Dot => tile_gflops(family, 3, 4),
-        KernelFamily::Q8Interleaved => tile_gflops(family, 2, 8),
+        KernelFamily::F32Dot => tile_gflops(family, F32Kernel::Panel, 3, 4),
+        KernelFamily::Q8Interleaved => tile_gflops(family, F32Kernel::Panel, 2, 8),
     }
 }
 
-/// Measured throughput of every register tile of both families.
+/// The (family, kernel) pairs whose tiles the profile rates.
+const RATED: [(KernelFamily, F32Kernel); 4] = [
+    (KernelFamily::F32Dot, F32Kernel::Panel),
+    (KernelFamily::F32Dot, F32Kernel::Stream),
+    (KernelFamily::F32Dot, F32Kernel::Packed),
+    (KernelFamily::Q8Interleaved, F32Kernel::Panel),
+];
+
+/// Measured throughput of every register tile of every kernel.
 pub fn tile_rates() -> Vec<crate::cost::TileRate> {
     let mut v = vec![];
-    for family in [KernelFamily::F32Dot, KernelFamily::Q8Interleaved] {
-        for &(mr, nr) in family.tiles() {
+    for (family, kernel) in RATED {
+        let tiles = match family {
+            KernelFamily::F32Dot => kernel.tiles(),
+            KernelFamily::Q8Interleaved => family.tiles(),
+        };
+        for &(mr, nr) in tiles {
             v.push(crate::cost::TileRate {
-                family: crate::cost::family_name(family).into(),
+                family: crate::cost::kernel_name(family, kernel).into(),
                 mr,
                 nr,
-                gflops: tile_gflops(family, mr, nr),
+                gflops: tile_gflops(family, kernel, mr, nr),
             });
         }
     }
     v
 }
 
-/// GFLOP/s of one unit running an `mr × nr` tile of `family` on cache-resident data.
-fn tile_gflops(family: KernelFamily, mr: usize, nr: usize) -> f64 {
-    let (m, k, n) = (48, 512, 64);
+/// GFLOP/s of one unit running an `mr × nr` tile of a kernel on cache-resident data (f32
+/// weights for the panel and packed kernels, Q4_1 for the stream kernel, whose rate then
+/// includes the in-register dequantization, and for the integer-dot family).
+pub fn tile_gflops(family: KernelFamily, kernel: F32Kernel, mr: usize, nr: usize) -> f64 {
+    // The packed kernel runs at large M: enough rows to amortize its panel as it would.
+    let m = if kernel == F32Kernel::Packed { 192 } else { 48 };
+    let (k, n) = (512, 64);
     let pool = ThreadPool::new(1);
-    let (dtype, precision) = match family {
-        KernelFamily::F32Dot => (DType::F32, Precision::Exact),
-        KernelFamily::Q8Interleaved => (DType::Q4_1, Precision::Fast),
+    let (dtype, precision) = match (family, kernel) {
+        (KernelFamily::F32Dot, F32Kernel::Stream) => (DType::Q4_1, Precision::Exact),
+        (KernelFamily::F32Dot, _) => (DType::F32, Precision::Exact),
+        (KernelFamily::Q8Interleaved, _) => (DType::Q4_1, Precision::Fast),
     };
     let w = weight(dtype, n, k, family == KernelFamily::Q8Interleaved);
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut out = vec![0f32; m * n];
     let planner = Planner::untuned();
     let mut plan: Plan = planner.candidates(&ShapeKey::new(m, k, n, dtype, precision, 1))[0];
+    plan.tile.family = family;
+    plan.tile.kernel = kernel;
     plan.tile.mr = mr;
     plan.tile.nr = nr;
     plan.tile.mc = m;
     plan.tile.nc = n;
+    plan.tile.kc = k;
     plan.parallel = ParallelPlan {
         split: ParallelSplit::N,
         units: 1,
     };
-    let reps = 50;
+    let reps = if m > 48 { 12 } else { 50 };
     let secs = best_of(3, || {
         let t = Instant::now();
         for _ in 0..reps {
@@ -266,4 +286,36 @@ pub fn measure_profile(pool: &ThreadPool, progress: &mut dyn FnMut(&str)) -> Mac
     p.l2_bytes = cache_bytes("L2", p.l2_bytes);
     p.l3_bytes = cache_bytes("L3", p.l3_bytes);
     p
+}
+
+#[cfg(test)]
+mod tests {
+    /// Prints every tile's rate on this machine (`cargo test --release -p tessera-kernels
+    /// -- --ignored --nocapture print_tile_rates`).
+    #[test]
+    #[ignore]
+    fn print_peak() {
+        for u in [1, 2] {
+            let pool = tessera_runtime::ThreadPool::new(u);
+            let peaks: Vec<String> = (0..5)
+                .map(|_| format!("{:.1}", super::peak_fma_gflops(&pool)))
+                .collect();
+            println!(
+                "units {u}: peak FMA {} GFLOP/s; DRAM {:.1} GB/s",
+                peaks.join(" "),
+                super::dram_read_gbs(&pool)
+            );
+        }
+    }
+
+    #[test]
+    #[ignore]
+    fn print_tile_rates() {
+        for t in super::tile_rates() {
+            println!(
+                "{:<10} {}x{} {:6.1} GFLOP/s",
+                t.family, t.mr, t.nr, t.gflops
+            );
+        }
+    }
 }

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use tessera_core::DType;
 
-use crate::plan::{KernelFamily, Plan};
+use crate::plan::{F32Kernel, KernelFamily, Plan};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MachineProfile {
@@ -47,19 +47,51 @@ pub struct TileRate {
     pub gflops: f64,
 }
 
-/// Short name of a family in profiles.
+/// Short name of a family (its panel kernel, for F32Dot) in profiles.
 pub fn family_name(f: KernelFamily) -> &'static str {
-    match f {
-        KernelFamily::F32Dot => "f32dot",
-        KernelFamily::Q8Interleaved => "q8x8",
+    kernel_name(f, F32Kernel::Panel)
+}
+
+/// Short name of a family's kernel in profiles: `f32dot` (panel), `f32stream` (measured on
+/// Q4_1 weights, so it includes their in-register dequantization), `f32packed`, `q8x8`.
+pub fn kernel_name(f: KernelFamily, kernel: F32Kernel) -> &'static str {
+    match (f, kernel) {
+        (KernelFamily::F32Dot, F32Kernel::Panel) => "f32dot",
+        (KernelFamily::F32Dot, F32Kernel::Stream) => "f32stream",
+        (KernelFamily::F32Dot, F32Kernel::Packed) => "f32packed",
+        (KernelFamily::Q8Interleaved, _) => "q8x8",
+    }
+}
+
+/// In-register dequantization cost of 8 elements, in FMA-instruction equivalents (loads,
+/// widening, conversion, scale), for the stream kernel's per-dtype rate.
+pub fn decode_cost(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 0.5,
+        DType::F16 => 1.0,
+        DType::BF16 => 1.0,
+        DType::Q8_0 => 1.5,
+        DType::Q4_0 | DType::Q4_1 => 2.0,
     }
 }
 
 impl MachineProfile {
-    /// Throughput of a tile: measured if the profile has it, else the family peak scaled
-    /// by the analytic tile efficiency.
+    /// Throughput of a tile of a family's panel kernel (see [`Self::kernel_tile_gflops`]).
     pub fn tile_gflops(&self, family: KernelFamily, mr: usize, nr: usize, k: usize) -> f64 {
-        let name = family_name(family);
+        self.kernel_tile_gflops(family, F32Kernel::Panel, mr, nr, k)
+    }
+
+    /// Throughput of a kernel's tile: measured if the profile has it, else the family peak
+    /// scaled by the analytic tile efficiency.
+    pub fn kernel_tile_gflops(
+        &self,
+        family: KernelFamily,
+        kernel: F32Kernel,
+        mr: usize,
+        nr: usize,
+        k: usize,
+    ) -> f64 {
+        let name = kernel_name(family, kernel);
         if let Some(t) = self
             .tiles
             .iter()
@@ -71,7 +103,14 @@ impl MachineProfile {
             KernelFamily::F32Dot => self.f32_gflops_per_core,
             KernelFamily::Q8Interleaved => self.q8_gflops_per_core,
         };
-        peak * tile_efficiency(family, mr, nr, k)
+        let eff = tile_efficiency(family, mr, nr, k);
+        match (family, kernel) {
+            // No per-element callback, batched lane trees: about a fifth faster.
+            (KernelFamily::F32Dot, F32Kernel::Packed) => peak * eff * 1.2,
+            // Q4_1 decode (2 FMA-equivalents per 8 elements) shared by `mr` rows.
+            (KernelFamily::F32Dot, F32Kernel::Stream) => peak * mr as f64 / (mr as f64 + 2.0),
+            _ => peak * eff,
+        }
     }
 }
 
@@ -102,6 +141,18 @@ impl MachineProfile {
                 ("f32dot", 1, 8, 26.7),
                 ("f32dot", 4, 2, 34.7),
                 ("f32dot", 1, 1, 8.7),
+                // Not measured on the Zen3: this machine's panel 3x4 figure times the
+                // stream/packed to panel ratios measured on an Intel Xeon vCPU (stream on
+                // Q4_1 weights); `tessera tune` measures them.
+                ("f32stream", 1, 8, 12.7),
+                ("f32stream", 1, 4, 14.0),
+                ("f32stream", 2, 2, 21.0),
+                ("f32stream", 3, 2, 24.1),
+                ("f32stream", 4, 1, 22.4),
+                ("f32packed", 3, 4, 41.0),
+                ("f32packed", 2, 4, 35.7),
+                ("f32packed", 4, 3, 32.2),
+                ("f32packed", 4, 2, 34.4),
                 ("q8x8", 1, 8, 55.3),
                 ("q8x8", 2, 8, 59.2),
                 ("q8x8", 3, 8, 63.8),
@@ -150,6 +201,141 @@ pub fn tile_efficiency(family: KernelFamily, mr: usize, nr: usize, k: usize) -> 
 
 /// Predicted microseconds for `plan` on an `m × k × n` product of `dtype` weights.
 pub fn predict_us(
+    p: &MachineProfile,
+    plan: &Plan,
+    m: usize,
+    k: usize,
+    n: usize,
+    dtype: DType,
+) -> f64 {
+    match (plan.tile.family, plan.tile.kernel) {
+        (KernelFamily::F32Dot, F32Kernel::Stream) => predict_stream_us(p, plan, m, k, n, dtype),
+        (KernelFamily::F32Dot, F32Kernel::Packed) => predict_packed_us(p, plan, m, k, n, dtype),
+        _ => predict_panel_us(p, plan, m, k, n, dtype),
+    }
+}
+
+/// The stream kernel: weights read from DRAM once (re-read from cache by every further
+/// `mr`-row tile when the `nc` block of stored rows fits L2, else from DRAM again), decoded
+/// in registers per tile; compute at the tile's measured Q4_1 rate adjusted for the dtype's
+/// decode cost.
+fn predict_stream_us(
+    p: &MachineProfile,
+    plan: &Plan,
+    m: usize,
+    k: usize,
+    n: usize,
+    dtype: DType,
+) -> f64 {
+    let t = &plan.tile;
+    let (mr, nr) = crate::exact::stream_tile_for(t.mr, t.nr);
+    let (mp, np) = plan.parallel.parts();
+    let units = (mp * np) as f64;
+    let rows = m.div_ceil(mp);
+    let nn = (n.div_ceil(np)).div_ceil(8) as f64 * 8.0;
+    let kf = k as f64;
+    let rate_of = |r: usize| {
+        let (r, q) = crate::exact::stream_tile_for(r, nr);
+        let base = p.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Stream, r, q, k);
+        let r = r as f64;
+        base * (r + decode_cost(DType::Q4_1)) / (r + decode_cost(dtype))
+    };
+    let full = (rows / mr) as f64 * 2.0 * mr as f64 * nn * kf / rate_of(mr);
+    let rem = rows % mr;
+    let part = if rem > 0 {
+        2.0 * rem as f64 * nn * kf / rate_of(rem)
+    } else {
+        0.0
+    };
+    let compute_ns = full + part;
+    let bpw = bytes_per_weight(dtype);
+    let weight_bytes = nn * kf * bpw;
+    let tiles_m = rows.div_ceil(mr) as f64;
+    let dram_bw = p.dram_gbs / units;
+    let mut mem_ns = weight_bytes / dram_bw;
+    let block = t.nc.max(1) as f64 * kf * bpw;
+    let reread_bw = if block <= p.l2_bytes as f64 * 0.5 {
+        p.l2_gbs_per_core
+    } else {
+        dram_bw
+    };
+    mem_ns += (tiles_m - 1.0).max(0.0) * weight_bytes / reread_bw;
+    // Per tile: lane trees, writes and row setup (~3 ns).
+    let tiles = tiles_m * (nn / nr as f64).ceil();
+    let extra_ns = tiles * 3.0;
+    (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
+}
+
+/// The packed kernel: every weight element dequantized once into a panel; tiles at the
+/// kernel's measured rate; activations re-read per `nc` block and the panel per activation
+/// tile (each from L2 when it fits, else L3); lane accumulators stored and reloaded between
+/// K blocks; a penalty when an `nr × kc` sub-panel overflows L1.
+fn predict_packed_us(
+    p: &MachineProfile,
+    plan: &Plan,
+    m: usize,
+    k: usize,
+    n: usize,
+    dtype: DType,
+) -> f64 {
+    let t = &plan.tile;
+    let (mr, nr) = crate::exact::packed_tile_for(t.mr, t.nr);
+    let kc = crate::exact::packed_kc(t.kc, k) as f64;
+    let (mp, np) = plan.parallel.parts();
+    let units = (mp * np) as f64;
+    let rows = m.div_ceil(mp);
+    let nn = (n.div_ceil(np)).div_ceil(nr) as f64 * nr as f64;
+    let kf = k as f64;
+    let rate = |r: usize| p.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Packed, r, nr, k);
+    let full = (rows / mr) as f64 * 2.0 * mr as f64 * nn * kf / rate(mr);
+    let rem = rows % mr;
+    let part = if rem > 0 {
+        2.0 * rem as f64 * nn * kf / rate(rem)
+    } else {
+        0.0
+    };
+    let mut compute_ns = full + part;
+    if nr as f64 * kc * 4.0 > 16384.0 {
+        compute_ns *= 1.15; // the sub-panel streams from L2
+    }
+    let bpw = bytes_per_weight(dtype);
+    let dram_bw = p.dram_gbs / units;
+    let mut mem_ns = nn * kf * bpw / dram_bw;
+    // Activation tiles stay in L1 across an `nc` block's groups, so the unit's activation
+    // rows are re-read once per `nc` block (from L2 when a K block of them fits, else L3);
+    // the panel streams past every activation tile (from L2 when it fits, else L3).
+    let nc = t.nc.max(nr) as f64;
+    let a_bytes = (nn / nc).ceil() * rows as f64 * kf * 4.0;
+    let a_bw = if rows as f64 * kc * 4.0 <= p.l2_bytes as f64 * 0.5 {
+        p.l2_gbs_per_core
+    } else {
+        p.l3_gbs / units
+    };
+    let panel = nc * kc * 4.0;
+    let b_bytes = (rows as f64 / mr as f64).ceil() * nn * kf * 4.0;
+    let b_bw = if panel <= p.l2_bytes as f64 * 0.5 {
+        p.l2_gbs_per_core * 2.0 // one sequential stream, prefetched
+    } else {
+        p.l3_gbs / units
+    };
+    mem_ns = mem_ns.max(a_bytes / a_bw + b_bytes / b_bw);
+    let blocks_k = (kf / kc).ceil();
+    let tiles = (rows as f64 / mr as f64).ceil() * (nn / nr as f64);
+    let mut extra_ns = nn * kf / p.dequant_elems_per_ns;
+    if blocks_k > 1.0 {
+        // Lane slots: stored and reloaded once per K block (from L2/L3).
+        let lane_bytes = tiles * (mr * nr) as f64 * 32.0 * 2.0 * (blocks_k - 1.0);
+        extra_ns += lane_bytes / (p.l3_gbs / units);
+    }
+    // Per tile and K block: setup and lane traffic (~4 ns); per element: lane tree (~1 ns).
+    extra_ns += tiles * blocks_k * 4.0 + tiles * (mr * nr) as f64;
+    // Cache traffic overlaps the FMAs only in part.
+    extra_ns += 0.3 * compute_ns.min(mem_ns);
+    (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
+}
+
+/// The panel kernel (and the integer-dot family).
+fn predict_panel_us(
     p: &MachineProfile,
     plan: &Plan,
     m: usize,

@@ -13,7 +13,7 @@ use tessera_runtime::{split_range, split_range_aligned, DisjointMut, ThreadPool}
 use crate::generic;
 use crate::isa::Isa;
 use crate::packed::{PackedWeight, GROUP};
-use crate::plan::{KernelFamily, Plan};
+use crate::plan::{F32Kernel, KernelFamily, Plan};
 use crate::quant_acts::QuantizedActs;
 
 /// A weight in the layouts its kernels read: the stored tensor (or several with the same K
@@ -114,7 +114,15 @@ pub fn execute(
             }
             let rows = split_range(m, m_parts, u / n_parts);
             let cols = split_range_aligned(n, n_parts, u % n_parts, GROUP);
-            f32dot_range(isa, plan, x, k, n, w, bias, rows, cols, out_ptr);
+            match plan.tile.kernel {
+                F32Kernel::Panel => f32dot_range(isa, plan, x, k, n, w, bias, rows, cols, out_ptr),
+                F32Kernel::Stream => {
+                    crate::exact::stream_range(isa, plan, x, k, n, w, bias, rows, cols, out_ptr)
+                }
+                F32Kernel::Packed => {
+                    crate::exact::packed_range(isa, plan, x, k, n, w, bias, rows, cols, out_ptr)
+                }
+            }
         }),
         KernelFamily::Q8Interleaved => {
             let pw = w

@@ -3,7 +3,9 @@
 //!
 //! - [`isa`]: which instruction set the kernels use, detected once at run time.
 //! - [`generic`]: portable kernels, always complete; the reference for the SIMD ones.
-//! - `x86::avx2`, `x86::avx2_q8`: AVX2+FMA kernels with the same arithmetic (same order).
+//! - `x86::avx2`, `x86::avx2_q8`, `x86::avx2_exact`: AVX2+FMA kernels with the same
+//!   arithmetic (same order).
+//! - [`exact`]: the exact family's streaming (small M) and packed (large M) kernels.
 //! - [`plan`]: tiling and parallel strategies as plain data; [`cost`]: the cost model;
 //!   [`planner`]: candidates, ranking, the tuning cache; [`calibrate`]: machine figures.
 //! - [`gemm`]: executes a plan; [`matmul`]: plan-then-execute, what the model calls.
@@ -14,13 +16,15 @@
 //!
 //! Numerics contract: the exact path dequantizes a weight to the f32 value the reference
 //! (`tessera_core::blocks`) defines, and each output element is a dot product whose
-//! summation order depends only on K (8 lanes, a fixed lane tree, then the tail); the fast
+//! summation order depends only on K (8 lanes, a fixed lane tree, then the tail), whichever
+//! of its kernels (panel, stream, packed) runs it; the fast
 //! path's integer block dots are exact and their scaled sum runs over blocks in order. In
 //! neither does the order depend on M, N, the plan, the thread count or the other rows, so
 //! every row's result is batch invariant.
 
 pub mod calibrate;
 pub mod cost;
+pub mod exact;
 pub mod gemm;
 pub mod generic;
 pub mod isa;

@@ -7,7 +7,9 @@
 //!
 //! Numerics are fixed by the [`KernelFamily`], which the planner derives from the weight's
 //! dtype and the requested [`Precision`] only, never from M: every tiling and parallel split
-//! of a family computes each output element with the same operations in the same order.
+//! of a family computes each output element with the same operations in the same order. The
+//! exact family has three kernels ([`F32Kernel`]) that the planner picks between by shape;
+//! all three follow that family's one summation order, so the choice changes no result.
 
 use std::fmt;
 
@@ -82,6 +84,41 @@ impl KernelFamily {
     }
 }
 
+/// Which kernel runs an [`KernelFamily::F32Dot`] plan. All three compute every element in
+/// the family's canonical order (see `crate::exact`), so they agree bitwise on one ISA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum F32Kernel {
+    /// Weight rows dequantized `nc` at a time into a row-major panel, then `mr × nr` dot
+    /// tiles (the original kernel; the reference for the other two).
+    Panel,
+    /// Small M: weights dequantized in registers straight into the dot products, read once
+    /// per `mr` activation rows (`crate::exact::stream_range`).
+    Stream,
+    /// Large M: `nc × kc` weight blocks dequantized once into panels interleaved by `nr`
+    /// rows, `mr × nr` register tiles with lane accumulators carried across K blocks
+    /// (`crate::exact::packed_range`).
+    Packed,
+}
+
+impl F32Kernel {
+    /// Register tiles the kernel implements (edges use smaller ones of the same kernel).
+    pub fn tiles(self) -> &'static [(usize, usize)] {
+        match self {
+            F32Kernel::Panel => KernelFamily::F32Dot.tiles(),
+            F32Kernel::Stream => &[(1, 8), (1, 4), (2, 2), (3, 2), (4, 1)],
+            F32Kernel::Packed => &[(3, 4), (2, 4), (4, 3), (4, 2)],
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            F32Kernel::Panel => "panel",
+            F32Kernel::Stream => "stream",
+            F32Kernel::Packed => "packed",
+        }
+    }
+}
+
 /// How an activation row enters the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActFeed {
@@ -93,10 +130,13 @@ pub enum ActFeed {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TilePlan {
     pub family: KernelFamily,
+    /// The F32Dot family's kernel (Q8Interleaved plans carry `Panel`, unused).
+    pub kernel: F32Kernel,
     /// Register tile: activation rows × weight rows.
     pub mr: usize,
     pub nr: usize,
-    /// Cache blocks: activation rows and weight rows handled together, and the K extent.
+    /// Cache blocks: activation rows and weight rows handled together, and the K extent (a
+    /// K block below K only for the packed kernel, which carries lane accumulators across).
     pub mc: usize,
     pub nc: usize,
     pub kc: usize,
@@ -105,7 +145,7 @@ pub struct TilePlan {
     /// Weights in a kernel layout: repacked at load (Q8Interleaved) or dequantized per `nc`
     /// block into a scratch panel (F32Dot over quantized weights).
     pub pack_b: bool,
-    /// K is never split: a split would change the summation order with the plan.
+    /// K is never split across units: a split would change the summation order with the plan.
     pub split_k: usize,
     /// Elements per quantization block of the weight (1 for float formats).
     pub row_block: usize,
@@ -150,10 +190,14 @@ pub struct Plan {
 
 impl fmt::Display for TilePlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let family = match self.family {
+            KernelFamily::F32Dot => format!("F32Dot/{}", self.kernel.name()),
+            KernelFamily::Q8Interleaved => "Q8Interleaved".to_string(),
+        };
         write!(
             f,
-            "{:?} {}x{} mc={} nc={} kc={} packA={} packB={} splitK={} act={:?}",
-            self.family,
+            "{} {}x{} mc={} nc={} kc={} packA={} packB={} splitK={} act={:?}",
+            family,
             self.mr,
             self.nr,
             self.mc,

@@ -1,8 +1,9 @@
 //! Chooses a [`Plan`] for every matrix product from its shapes, dtype and precision.
 //!
-//! Candidates: every register tile of the kernel family (fixed by dtype and precision), cache
-//! blocks `mc`/`nc` from a small ladder, and every parallel split (over N, over M, 2-D grids)
-//! on 1..=units compute units. The cost model ranks them; a tuning cache of measured winners
+//! Candidates: every kernel of the family (fixed by dtype and precision; the exact family has
+//! a streaming and a packed kernel with the same numerics), each kernel's register tiles,
+//! cache blocks `mc`/`nc` (and `kc` for the packed kernel) from small ladders, and every
+//! parallel split (over N, over M, 2-D grids) on 1..=units compute units. The cost model ranks them; a tuning cache of measured winners
 //! (keyed by CPU, units, dtype, precision and shape, M rounded up to a power of two) overrides
 //! the model where it has an entry. Choices are memoised, so the forward pays a hash lookup.
 //! The result is deterministic for a given shape, profile and cache.
@@ -13,8 +14,10 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_core::DType;
 
-use crate::cost::{predict_us, MachineProfile};
-use crate::plan::{ActFeed, KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision, TilePlan};
+use crate::cost::{bytes_per_weight, predict_us, MachineProfile};
+use crate::plan::{
+    ActFeed, F32Kernel, KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision, TilePlan,
+};
 
 /// What a plan is chosen for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -143,24 +146,30 @@ impl Planner {
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn tile(
         family: KernelFamily,
+        kernel: F32Kernel,
         dtype: DType,
         k: usize,
         mr: usize,
         nr: usize,
         mc: usize,
         nc: usize,
+        kc: usize,
     ) -> TilePlan {
         TilePlan {
             family,
+            kernel,
             mr,
             nr,
             mc,
             nc,
-            kc: k,
+            kc: kc.min(k),
             pack_a: family == KernelFamily::Q8Interleaved,
-            pack_b: family == KernelFamily::Q8Interleaved || dtype != DType::F32,
+            pack_b: family == KernelFamily::Q8Interleaved
+                || kernel == F32Kernel::Packed
+                || (kernel == F32Kernel::Panel && dtype != DType::F32),
             split_k: 1,
             row_block: dtype.block_len(),
             act_feed: if family == KernelFamily::Q8Interleaved {
@@ -171,22 +180,24 @@ impl Planner {
         }
     }
 
+    /// The kernels the planner considers for a family: the exact family's stream and packed
+    /// kernels (the panel kernel stays as their reference, runnable but not proposed).
+    pub fn kernels(family: KernelFamily) -> &'static [F32Kernel] {
+        match family {
+            KernelFamily::F32Dot => &[F32Kernel::Stream, F32Kernel::Packed],
+            KernelFamily::Q8Interleaved => &[F32Kernel::Panel],
+        }
+    }
+
     /// Every candidate plan for a shape, ranked by predicted time (fastest first; ties
     /// broken by the candidate's order, so the ranking is deterministic).
     pub fn candidates(&self, key: &ShapeKey) -> Vec<Plan> {
         let (m, k, n, dtype) = (key.m, key.k, key.n, key.dtype());
         let family = KernelFamily::for_weight(dtype, key.precision());
         let mut out = vec![];
-        let mcs = ladder(m, &[4, 8, 16, 32, 64, 128, 256]);
-        let ncs: Vec<usize> = match family {
-            KernelFamily::F32Dot => ladder(n.div_ceil(8) * 8, &[8, 16, 32, 64, 128, 256])
-                .into_iter()
-                .filter(|&nc| nc * k * 4 <= self.profile.l2_bytes * 2 || nc <= 8)
-                .collect(),
-            KernelFamily::Q8Interleaved => {
-                ladder(n.div_ceil(8) * 8, &[8, 16, 32, 64, 128, 256, 512])
-            }
-        };
+        let n8 = n.div_ceil(8) * 8;
+        let l2 = self.profile.l2_bytes;
+        let row_bytes = bytes_per_weight(dtype) * k as f64;
         let mut splits = vec![];
         for u in 1..=key.units.max(1) {
             splits.push(ParallelPlan {
@@ -211,27 +222,56 @@ impl Planner {
                 }
             }
         }
-        for &(mr, nr) in family.tiles() {
-            if mr > 1 && mr > m {
-                continue;
-            }
-            for &mc in &mcs {
-                if mc < mr {
-                    continue;
-                }
-                for &nc in &ncs {
-                    if nc < nr {
+        for &kernel in Self::kernels(family) {
+            let tiles = match family {
+                KernelFamily::F32Dot => kernel.tiles(),
+                KernelFamily::Q8Interleaved => family.tiles(),
+            };
+            // The stream kernel has no activation blocks (mc = M); the packed one blocks K.
+            let mcs = match kernel {
+                F32Kernel::Stream => vec![m.max(1)],
+                _ => ladder(m, &[4, 8, 16, 32, 64, 128, 256]),
+            };
+            let kcs = match kernel {
+                F32Kernel::Packed => ladder(k, &[256, 512, 1024]),
+                _ => vec![k],
+            };
+            for &kc in &kcs {
+                let ncs: Vec<usize> = match (family, kernel) {
+                    (KernelFamily::Q8Interleaved, _) => ladder(n8, &[8, 16, 32, 64, 128, 256, 512]),
+                    (_, F32Kernel::Stream) => ladder(n8, &[8, 16, 32, 64, 128, 256, 512])
+                        .into_iter()
+                        .filter(|&nc| nc as f64 * row_bytes <= l2 as f64 || nc <= 8)
+                        .collect(),
+                    _ => ladder(n8, &[8, 16, 32, 64, 128, 256])
+                        .into_iter()
+                        .filter(|&nc| nc * kc.min(k) * 4 <= l2 || nc <= 8)
+                        .collect(),
+                };
+                for &(mr, nr) in tiles {
+                    if mr > 1 && mr > m {
                         continue;
                     }
-                    for par in &splits {
-                        let tile = Self::tile(family, dtype, k, mr, nr, mc, nc);
-                        let mut plan = Plan {
-                            tile,
-                            parallel: *par,
-                            predicted_us: 0.0,
-                        };
-                        plan.predicted_us = predict_us(&self.profile, &plan, m, k, n, dtype);
-                        out.push(plan);
+                    for &mc in &mcs {
+                        if mc < mr {
+                            continue;
+                        }
+                        for &nc in &ncs {
+                            if nc < nr {
+                                continue;
+                            }
+                            for par in &splits {
+                                let tile = Self::tile(family, kernel, dtype, k, mr, nr, mc, nc, kc);
+                                let mut plan = Plan {
+                                    tile,
+                                    parallel: *par,
+                                    predicted_us: 0.0,
+                                };
+                                plan.predicted_us =
+                                    predict_us(&self.profile, &plan, m, k, n, dtype);
+                                out.push(plan);
+                            }
+                        }
                     }
                 }
             }
@@ -255,8 +295,26 @@ impl Planner {
                 units: mp * np,
             },
         };
+        // The record names no kernel: take the one the model ranks best for its blocks (the
+        // kernels share their numerics, so this only affects speed).
+        let (m, k, n) = (key.m, key.k, key.n);
+        let tile = Self::kernels(family)
+            .iter()
+            .map(|&kernel| Self::tile(family, kernel, dtype, k, t.mr, t.nr, t.mc, t.nc, k))
+            .min_by(|a, b| {
+                let cost = |tile: &TilePlan| {
+                    let p = Plan {
+                        tile: *tile,
+                        parallel: split,
+                        predicted_us: 0.0,
+                    };
+                    predict_us(&self.profile, &p, m, k, n, dtype)
+                };
+                cost(a).total_cmp(&cost(b))
+            })
+            .expect("every family has a kernel");
         Plan {
-            tile: Self::tile(family, dtype, key.k, t.mr, t.nr, t.mc, t.nc),
+            tile,
             parallel: split,
             predicted_us: t.measured_us,
         }

@@ -29,7 +29,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl LlamaModel {
-    fn scratch_step(&self, seqs: &[usize], logits: LogitsFor) -> Result<(BatchMeta, KvStorage)> {
+    /// A workspace prepared for fresh sequences of `seqs` rows, and their one-layer KV
+    /// storage.
+    fn scratch_step(
+        &self,
+        ctx: &ExecCtx,
+        seqs: &[usize],
+        logits: LogitsFor,
+    ) -> Result<(Workspace, KvStorage)> {
         let c = &self.config;
         let mut next = 0u32;
         let seqs = seqs
@@ -45,7 +52,16 @@ impl LlamaModel {
             })
             .collect();
         let kv = KvStorage::new(1, c.kv_dim(), BLOCK, next.max(1) as usize)?;
-        Ok((BatchMeta { seqs }, kv))
+        let mut ws = Workspace::new();
+        let batch = BatchMeta { seqs };
+        ws.batch.prepare(
+            &batch,
+            &kv,
+            c.max_position,
+            c.vocab_size,
+            ctx.adapters.len(),
+        )?;
+        Ok((ws, kv))
     }
 
     /// Layer 0's attention and MLP stage times on fresh prefills of sequences of `seqs` rows
@@ -54,15 +70,7 @@ impl LlamaModel {
         let c = &self.config;
         let h = c.hidden_size;
         let seqs: Vec<usize> = seqs.iter().map(|&n| n.max(1)).collect();
-        let (batch, mut kv) = self.scratch_step(&seqs, LogitsFor::None)?;
-        let mut ws = Workspace::new();
-        ws.batch.prepare(
-            &batch,
-            &kv,
-            c.max_position,
-            c.vocab_size,
-            ctx.adapters.len(),
-        )?;
+        let (mut ws, mut kv) = self.scratch_step(ctx, &seqs, LogitsFor::None)?;
         let m = ws.batch.num_rows();
         for (i, v) in take(&mut ws.x, m * h).iter_mut().enumerate() {
             *v = ((i % 97) as f32 - 48.0) * 1e-2;
@@ -96,15 +104,7 @@ impl LlamaModel {
     /// rows, and of embedding them (medians of `reps`).
     pub fn time_head(&self, ctx: &ExecCtx, rows: usize, reps: usize) -> Result<(f64, f64)> {
         let c = &self.config;
-        let (batch, kv) = self.scratch_step(&vec![1; rows.max(1)], LogitsFor::Last)?;
-        let mut ws = Workspace::new();
-        ws.batch.prepare(
-            &batch,
-            &kv,
-            c.max_position,
-            c.vocab_size,
-            ctx.adapters.len(),
-        )?;
+        let (mut ws, _kv) = self.scratch_step(ctx, &vec![1; rows.max(1)], LogitsFor::Last)?;
         let m = ws.batch.num_rows();
         let (mut head, mut embed) = (Vec::new(), Vec::new());
         for i in 0..reps.max(1) + 1 {

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use tessera_engine::step::Fault;
 
 mod common;
-use common::{engine, start_engine, Server};
+use common::{engine, start_engine, tp_engine, Server};
 
 /// Prompt tokens that make the hook fire for the step computing them.
 const PANIC: u32 = 4242;
@@ -147,16 +147,7 @@ const KILL_MID_PIPELINE: u32 = 4247;
 /// A server over the default model split over 2 in-process ranks, collectives timing out
 /// after `timeout`, whose rank 1 dies or stalls for 4 s in a step computing the tokens above.
 async fn tp_server(timeout: std::time::Duration) -> Server {
-    let path = tessera_engine::store::resolve_model(None).unwrap();
-    let mut e = tessera_engine::Engine::load_tp(
-        &path,
-        2,
-        tessera_kernels::plan::Precision::Fast,
-        tessera_kernels::planner::Planner::untuned(),
-        2,
-        timeout,
-    )
-    .unwrap();
+    let mut e = tp_engine(timeout);
     e.fault_hook = Some(Arc::new(|plan| {
         let has = |t: u32| plan.seqs.iter().any(|s| s.tokens.contains(&t));
         if has(KILL_RANK) {
@@ -249,17 +240,7 @@ async fn a_stalled_rank_fails_within_the_timeout() {
 /// reductions landed, others in flight) ends the step with the bounded-time error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rank_dying_mid_pipeline_fails_within_the_timeout() {
-    let path = tessera_engine::store::resolve_model(None).unwrap();
-    let timeout = std::time::Duration::from_millis(800);
-    let mut e = tessera_engine::Engine::load_tp(
-        &path,
-        2,
-        tessera_kernels::plan::Precision::Fast,
-        tessera_kernels::planner::Planner::untuned(),
-        2,
-        timeout,
-    )
-    .unwrap();
+    let mut e = tp_engine(std::time::Duration::from_millis(800));
     e.sub_batching = tessera_engine::SubBatching {
         count: 4,
         split: tessera_engine::SplitBy::Tokens,

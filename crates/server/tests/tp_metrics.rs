@@ -4,21 +4,11 @@
 use serde_json::json;
 
 mod common;
-use common::start_engine;
+use common::{start_engine, tp_engine};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_show_the_measured_link_and_the_chosen_sub_batching() {
-    let path = tessera_engine::store::resolve_model(None).unwrap();
-    let e = tessera_engine::Engine::load_tp(
-        &path,
-        2,
-        tessera_kernels::plan::Precision::Fast,
-        tessera_kernels::planner::Planner::untuned(),
-        2,
-        std::time::Duration::from_secs(10),
-    )
-    .unwrap();
-    let s = start_engine(e, |_| {}, None).await;
+    let s = start_engine(tp_engine(std::time::Duration::from_secs(10)), |_| {}, None).await;
     let (status, body) = s
         .post(
             "/v1/completions",
@@ -26,15 +16,7 @@ async fn metrics_show_the_measured_link_and_the_chosen_sub_batching() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let text = s
-        .client
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics_text().await;
     assert!(text.contains("tessera_tp_link_bytes_per_second "), "{text}");
     let steps: u64 = text
         .lines()

@@ -105,16 +105,20 @@ impl Server {
         (status, r.json().await.unwrap())
     }
 
-    pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
+    /// The `/metrics` page.
+    pub async fn metrics_text(&self) -> String {
+        self.client
             .get(format!("{}/metrics", self.base))
             .send()
             .await
             .unwrap()
             .text()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self.metrics_text().await;
         text.lines()
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
             .and_then(|l| l.split(' ').nth(1))
@@ -215,4 +219,20 @@ pub async fn wait_closed(c: &mut tokio::net::TcpStream, limit: Duration) -> Dura
             Ok(Ok(_)) => {}
         }
     }
+}
+
+/// The default model split over 2 in-process ranks (fast precision, untuned planner), its
+/// collectives timing out after `timeout`.
+#[allow(dead_code)]
+pub fn tp_engine(timeout: std::time::Duration) -> Engine {
+    let path = tessera_engine::store::resolve_model(None).unwrap();
+    Engine::load_tp(
+        &path,
+        2,
+        tessera_kernels::plan::Precision::Fast,
+        tessera_kernels::planner::Planner::untuned(),
+        2,
+        timeout,
+    )
+    .unwrap()
 }

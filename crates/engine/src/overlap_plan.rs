@@ -55,11 +55,17 @@ pub fn measure_profile(model: &LlamaModel, ctx: &ExecCtx) -> Result<MeasuredProf
             mlp_s: t.mlp_s,
         });
     }
-    let big = *PROFILE_ROWS.last().expect("a ladder");
-    let one = model.time_stages(ctx, &[big], reps(big))?;
-    let extra_keys = (big * (big + 1) / 2 - big) as f64;
-    let base = points.last().map_or(0.0, |p| p.attn_s);
-    let attn_s_per_key = ((one.attn_s - base) / extra_keys).max(0.0);
+    // One sequence as long as the ladder's top (or the model's context, if shorter) against
+    // the same rows as one-row sequences: what the keys attended add.
+    let big = (*PROFILE_ROWS.last().expect("a ladder")).min(model.config.max_position);
+    let attn_s_per_key = if big >= 2 {
+        let one = model.time_stages(ctx, &[big], reps(big))?;
+        let rows = model.time_stages(ctx, &vec![1; big], reps(big))?;
+        let extra_keys = (big * (big + 1) / 2 - big) as f64;
+        ((one.attn_s - rows.attn_s) / extra_keys).max(0.0)
+    } else {
+        0.0
+    };
     let mut head = Vec::new();
     let mut embed = 0.0;
     for &r in &HEAD_ROWS {

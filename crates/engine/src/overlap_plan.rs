@@ -144,12 +144,14 @@ impl OverlapPlanner {
 }
 
 /// The step-time model of `model` (rank 0's shard, whose config is the whole model's but for
-/// split dimensions) over `ranks` ranks with `comm` per all-reduce.
+/// split dimensions) over `ranks` ranks with `comm` per all-reduce, of which
+/// `comm_cpu_share` is taken from the rank's compute core.
 pub fn step_model(
     config: &tessera_formats::ModelConfig,
     ranks: usize,
     profile: MeasuredProfile,
     comm: CommCost,
+    comm_cpu_share: f64,
 ) -> StepModel {
     StepModel {
         layers: config.n_layers,
@@ -160,5 +162,6 @@ pub fn step_model(
         compute: Arc::new(profile),
         comm,
         embed_reduced: ranks > 1,
+        comm_cpu_share,
     }
 }

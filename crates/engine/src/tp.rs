@@ -106,6 +106,10 @@ pub struct TpGroup {
     layout: TpLayout,
     /// The all-reduce cost measured at start-up.
     link: CommCost,
+    /// Share of an all-reduce's time taken from the rank's compute core: 1 for in-process
+    /// sums by communication threads that share the ranks' cores, else 0 (over MPI the time
+    /// is mostly the wire's; not measured).
+    comm_cpu_share: f64,
     /// The step-time model choosing each step's sub-batching (after [`TpGroup::calibrate`]).
     overlap: Option<OverlapPlanner>,
     /// Rank 0's communicator (its model, units and planner are the engine's).
@@ -180,7 +184,8 @@ impl TpGroup {
             }
         };
         // Each rank's communication thread wants a core of its own; say when it must share.
-        if cpus.len() < size * (per_rank + 1) {
+        let comm_shares_cores = cpus.len() < size * (per_rank + 1);
+        if comm_shares_cores {
             eprintln!(
                 "tensor parallelism: {size} ranks of {per_rank} compute unit(s) on {} CPUs; each \
                  rank's communication thread shares a core with compute",
@@ -302,6 +307,7 @@ impl TpGroup {
         Ok((
             TpGroup {
                 link: measured_link(&points),
+                comm_cpu_share: if comm_shares_cores { 1.0 } else { 0.0 },
                 overlap: None,
                 layout,
                 comm0,
@@ -341,6 +347,7 @@ impl TpGroup {
         let points = link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS).map_err(comm_err)?;
         Ok(TpGroup {
             link: measured_link(&points),
+            comm_cpu_share: 0.0,
             overlap: None,
             cpu0,
             pinned: None,
@@ -517,7 +524,13 @@ impl TpGroup {
         ctx0: &ExecCtx,
     ) -> Result<()> {
         let profile = overlap_plan::measure_profile(model0, ctx0)?;
-        let model = overlap_plan::step_model(config, self.size(), profile, self.link.clone());
+        let model = overlap_plan::step_model(
+            config,
+            self.size(),
+            profile,
+            self.link.clone(),
+            self.comm_cpu_share,
+        );
         self.overlap = Some(OverlapPlanner::new(model));
         Ok(())
     }

@@ -8,12 +8,14 @@
 //! resource as soon as it is computed.
 
 /// What one sub-batch costs: each stage's compute on one rank and the all-reduce of its
-/// output (seconds).
+/// output (seconds), and how much of that all-reduce's time it takes from the compute
+/// resource (a communication thread summing on the core the rank computes on).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SubCost {
     pub attn: f64,
     pub mlp: f64,
     pub reduce: f64,
+    pub reduce_cpu: f64,
 }
 
 /// A step's predicted times (seconds).
@@ -62,6 +64,8 @@ pub fn pipelined(
                 let sent = comm_free.max(compute_free);
                 comm_free = sent + s.reduce;
                 landed[i] = comm_free;
+                // The reduction's own CPU time delays whatever the compute resource does next.
+                compute_free += s.reduce_cpu;
             }
         }
     }
@@ -81,7 +85,31 @@ mod tests {
     use proptest::prelude::*;
 
     fn sub(attn: f64, mlp: f64, reduce: f64) -> SubCost {
-        SubCost { attn, mlp, reduce }
+        SubCost {
+            attn,
+            mlp,
+            reduce,
+            reduce_cpu: 0.0,
+        }
+    }
+
+    #[test]
+    fn reductions_that_take_the_compute_core_hide_nothing() {
+        let free = pipelined(4, &[sub(2.0, 2.0, 1.0); 2], 0.0, 0.0, 0.0, 0.0);
+        let busy = SubCost {
+            reduce_cpu: 1.0,
+            ..sub(2.0, 2.0, 1.0)
+        };
+        let shared = pipelined(4, &[busy; 2], 0.0, 0.0, 0.0, 0.0);
+        assert!(shared.step > free.step);
+        // Every reduction's time lands on the compute resource: compute + comm in all.
+        assert!(
+            (shared.step - (shared.compute + shared.comm)).abs() < 1e-9,
+            "{shared:?}"
+        );
+        // One sub-batch waits for its sums anyway: sharing changes nothing there.
+        let one = |s| pipelined(3, &[s], 0.0, 0.0, 0.0, 0.0).step;
+        assert_eq!(one(sub(2.0, 2.0, 1.0)), one(busy));
     }
 
     #[test]

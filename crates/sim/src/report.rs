@@ -114,6 +114,9 @@ pub struct MeasuredRow {
     pub link_gb_s: Option<f64>,
     #[serde(default)]
     pub precision: Option<String>,
+    /// `local` or `mpi`.
+    #[serde(default)]
+    pub backend: Option<String>,
     /// The all-reduce times measured at start-up, `[bytes, secs]`.
     #[serde(default)]
     pub link_points: Option<Vec<(usize, f64)>>,

@@ -81,6 +81,10 @@ pub struct StepModel {
     /// Whether the embedding is split over ranks (its rows are then all-reduced, not
     /// overlapped).
     pub embed_reduced: bool,
+    /// Share of each all-reduce's time the communication takes from the rank's compute
+    /// resource: 0 with a core of its own (or a DMA engine, a NIC), up to 1 when the sum
+    /// itself runs on the core the rank computes on.
+    pub comm_cpu_share: f64,
 }
 
 /// The sub-batchings the engine chooses among: one, and 2..=`max` of either split.
@@ -101,14 +105,18 @@ impl StepModel {
         let row_bytes = self.hidden * self.act_bytes;
         let subs: Vec<SubCost> = split_rows(&shape.seq_rows, spec)
             .iter()
-            .map(|r| SubCost {
-                attn: self.compute.attn(r.len(), shape.keys(r)),
-                mlp: self.compute.mlp(r.len()),
-                reduce: if self.ranks > 1 {
+            .map(|r| {
+                let reduce = if self.ranks > 1 {
                     self.comm.secs(r.len() * row_bytes)
                 } else {
                     0.0
-                },
+                };
+                SubCost {
+                    attn: self.compute.attn(r.len(), shape.keys(r)),
+                    mlp: self.compute.mlp(r.len()),
+                    reduce,
+                    reduce_cpu: reduce * self.comm_cpu_share,
+                }
             })
             .collect();
         let multi = self.ranks > 1;
@@ -189,6 +197,7 @@ mod tests {
             }),
             comm: CommCost::from_figures(latency_us, gbs),
             embed_reduced: true,
+            comm_cpu_share: 0.0,
         }
     }
 

@@ -33,6 +33,33 @@ impl From<SubBatching> for SubBatchPolicy {
     }
 }
 
+/// Repetitions of each size in the start-up link measurement.
+const LINK_REPS: usize = 7;
+
+/// The start-up link measurement through a rank's communication thread (a collective: every
+/// rank calls it at the same point).
+pub(crate) fn measure_link(
+    comm: &mut tessera_parallel::overlap::CommThread,
+) -> std::result::Result<Vec<(usize, f64)>, tessera_parallel::CommError> {
+    tessera_parallel::link::measure(comm, &tessera_parallel::link::MEASURE_SIZES, LINK_REPS)
+}
+
+/// The link model of the start-up measurement, said on stderr.
+pub(crate) fn link_model(points: &[(usize, f64)]) -> CommCost {
+    let figures: Vec<String> = points
+        .iter()
+        .map(|&(b, t)| format!("{} KiB {:.0} µs", b >> 10, t * 1e6))
+        .collect();
+    let link = CommCost::from_points(points);
+    eprintln!(
+        "tensor parallelism: all-reduce measured at {} (about {:.0} µs + {:.2} GB/s)",
+        figures.join(", "),
+        link.latency_s * 1e6,
+        link.gbytes_per_s()
+    );
+    link
+}
+
 /// Row counts the start-up profile times.
 pub const PROFILE_ROWS: [usize; 6] = [1, 4, 16, 64, 256, 1024];
 /// Logits-row counts the head is timed at.

@@ -23,7 +23,7 @@ use tessera_model::{
     shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, SubBatching, TpLayout,
     Workspace,
 };
-use tessera_parallel::link::{self, CommCost, MEASURE_SIZES};
+use tessera_parallel::link::CommCost;
 use tessera_parallel::local;
 use tessera_parallel::overlap::CommThread;
 
@@ -32,25 +32,6 @@ pub(crate) use crate::tp_rank::comm_err;
 use crate::tp_rank::rank_forward;
 pub use crate::tp_rank::StepMode;
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
-
-/// The link model of the start-up measurement, said on stderr.
-pub(crate) fn measured_link(points: &[(usize, f64)]) -> CommCost {
-    let figures: Vec<String> = points
-        .iter()
-        .map(|&(b, t)| format!("{} KiB {:.0} µs", b >> 10, t * 1e6))
-        .collect();
-    let link = CommCost::from_points(points);
-    eprintln!(
-        "tensor parallelism: all-reduce measured at {} (about {:.0} µs + {:.2} GB/s)",
-        figures.join(", "),
-        link.latency_s * 1e6,
-        link.gbytes_per_s()
-    );
-    link
-}
-
-/// Repetitions of each size in the start-up link measurement.
-pub(crate) const LINK_REPS: usize = 7;
 
 /// One rank's means: its shard, compute units, planner and communicator.
 struct Rank {
@@ -242,7 +223,7 @@ impl TpGroup {
                         pin_current_thread(c);
                     }
                     // The start-up link measurement, a collective rank 0 makes too.
-                    if link::measure(&mut rank.comm, &MEASURE_SIZES, LINK_REPS).is_err() {
+                    if overlap_plan::measure_link(&mut rank.comm).is_err() {
                         return;
                     }
                     while let Ok(order) = job_rx.recv() {
@@ -298,7 +279,7 @@ impl TpGroup {
                 if let Some(c) = cpu {
                     pin_current_thread(c);
                 }
-                link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS)
+                overlap_plan::measure_link(&mut comm0)
             })
             .join()
         })
@@ -306,7 +287,7 @@ impl TpGroup {
         .map_err(comm_err)?;
         Ok((
             TpGroup {
-                link: measured_link(&points),
+                link: overlap_plan::link_model(&points),
                 comm_cpu_share: if comm_shares_cores { 1.0 } else { 0.0 },
                 overlap: None,
                 layout,
@@ -344,9 +325,9 @@ impl TpGroup {
     ) -> Result<Self> {
         let mut comm0 = CommThread::spawn(Box::new(comm0), "tessera-comm-0")
             .map_err(|e| Error::Other(format!("starting the communication thread: {e}")))?;
-        let points = link::measure(&mut comm0, &MEASURE_SIZES, LINK_REPS).map_err(comm_err)?;
+        let points = overlap_plan::measure_link(&mut comm0).map_err(comm_err)?;
         Ok(TpGroup {
-            link: measured_link(&points),
+            link: overlap_plan::link_model(&points),
             comm_cpu_share: 0.0,
             overlap: None,
             cpu0,

@@ -247,12 +247,7 @@ pub(crate) fn join(
     let mut comm = CommThread::spawn(Box::new(comm), "tessera-comm")
         .map_err(|e| Error::Other(format!("starting the communication thread: {e}")))?;
     // The start-up link measurement, a collective rank 0 makes too.
-    tessera_parallel::link::measure(
-        &mut comm,
-        &tessera_parallel::link::MEASURE_SIZES,
-        crate::tp::LINK_REPS,
-    )
-    .map_err(crate::tp::comm_err)?;
+    crate::overlap_plan::measure_link(&mut comm).map_err(crate::tp::comm_err)?;
     let code = match follow(&model, &pool, &planner, precision, comm, &layout, files) {
         Ok(()) => 0,
         Err(e) => {

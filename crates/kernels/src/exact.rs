@@ -97,7 +97,7 @@ pub fn stream_dot_generic(dtype: DType, x: &[f32], row: &[u8]) -> f32 {
 
 /// Writes `vals` (plus the bias) to `out[row, col0 .. col0 + vals.len()]`.
 #[inline]
-fn write_row(
+pub(crate) fn write_row(
     out: DisjointMut<f32>,
     n: usize,
     row: usize,
@@ -131,6 +131,12 @@ pub(crate) fn stream_range(
     cols: Range<usize>,
     out: DisjointMut<f32>,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2Fma, Some(pw)) = (isa, w.packed.as_ref()) {
+        if crate::isa::avx512_exact() {
+            return records::stream_range(plan, x, k, n, pw, bias, rows, cols, out);
+        }
+    }
     let (mr, nr) = stream_tile_for(plan.tile.mr, plan.tile.nr);
     let nc = plan.tile.nc.max(nr);
     let dtype = w.dtype();
@@ -333,6 +339,11 @@ fn pack(
     let len = k1 - k0;
     assert!(dst.len() == nr * len && k0 % 32 == 0);
     #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2Fma, Some(pw)) = (isa, w.packed.as_ref()) {
+        // Repacked: read the records (the stored rows' pages were released).
+        return records::pack(pw, r0, live, nr, k0, k1, dst);
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma {
         use crate::x86::avx2_exact as ax;
         let row = |b: usize| w.row(r0 + b.min(live - 1)).as_ptr();
@@ -497,5 +508,8 @@ fn tile(
     v
 }
 
+mod records;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_records;

@@ -44,7 +44,7 @@ fn weight(dtype: DType, n: usize, k: usize, seed: u64, parts: usize) -> GemmWeig
     GemmWeight::stacked(tensors, false).unwrap()
 }
 
-fn acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
+pub(super) fn acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect()
 }
@@ -58,7 +58,7 @@ fn k_for(dtype: DType, units: usize, odd: usize) -> usize {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn plan(
+pub(super) fn plan(
     kernel: F32Kernel,
     mr: usize,
     nr: usize,
@@ -90,7 +90,7 @@ fn plan(
     p
 }
 
-fn run(
+pub(super) fn run(
     p: &Plan,
     pool: &ThreadPool,
     x: &[f32],
@@ -105,7 +105,7 @@ fn run(
 
 /// What every exact kernel must produce: the panel kernel with 1 × 1 tiles on one unit
 /// (itself `avx2::dot_f32`'s arithmetic on AVX2, `generic::dot_f32` elsewhere).
-fn reference(
+pub(super) fn reference(
     pool: &ThreadPool,
     x: &[f32],
     m: usize,

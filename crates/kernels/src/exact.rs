@@ -46,6 +46,35 @@ pub fn stream_tile_for(mr: usize, nr: usize) -> (usize, usize) {
     (mr, 1 << (usize::BITS - 1 - nr.leading_zeros()))
 }
 
+/// Register tiles of the stream kernel on the repack (AVX-512, see [`stream_on_records`]):
+/// 1 or 2 activation rows by 16 weight rows.
+pub const STREAM16_TILES: &[(usize, usize)] = &[(1, 16), (2, 16)];
+
+/// Whether a stream plan on `dtype` weights runs on their repack with the AVX-512 kernel
+/// (`records::stream_range`): where that kernel runs, the loader repacks block-quantized
+/// weights for the exact path (`crate::wants_repack`).
+pub fn stream_on_records(dtype: DType) -> bool {
+    crate::isa::avx512_exact() && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
+/// The stream tiles the planner proposes for `dtype` weights.
+pub fn stream_tiles(dtype: DType) -> &'static [(usize, usize)] {
+    if stream_on_records(dtype) {
+        STREAM16_TILES
+    } else {
+        crate::plan::F32Kernel::Stream.tiles()
+    }
+}
+
+/// The tile a stream plan's `mr × nr` runs as on `dtype` weights.
+pub fn stream_tile_of(dtype: DType, mr: usize, nr: usize) -> (usize, usize) {
+    if stream_on_records(dtype) {
+        (records::stream_mr(mr), 16)
+    } else {
+        stream_tile_for(mr, nr)
+    }
+}
+
 /// The packed kernel's tile for a requested one: `mr` in 1..=4, `nr` in 2..=4.
 pub fn packed_tile_for(mr: usize, nr: usize) -> (usize, usize) {
     (mr.clamp(1, 4), nr.clamp(2, 4))
@@ -508,7 +537,7 @@ fn tile(
     v
 }
 
-mod records;
+pub(crate) mod records;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

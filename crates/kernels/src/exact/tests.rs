@@ -309,7 +309,9 @@ fn time_exact_kernels() {
             f[2].parse().unwrap(),
         );
         let dtype = DType::parse(f[3]).unwrap();
+        // As the model loads it (repacked where the exact stream kernel reads the repack).
         let w = weight(dtype, n, k, 1, 1);
+        let w = GemmWeight::stacked(w.parts, crate::wants_repack(Precision::Exact)).unwrap();
         let x = acts(m, k, 2);
         let mut out = vec![0f32; m * n];
         let planner = Planner::untuned();

@@ -57,19 +57,10 @@ pub(crate) fn stream_range(
                 let (g0, g1) = (j / GROUP, (j + width - 1) / GROUP);
                 // Rows of the call whose results are kept: j .. j + width (lanes past a
                 // single group repeat group 0 and are dropped).
-                let live = if width >= 16 {
-                    u16::MAX
-                } else {
-                    (1u16 << width.min(GROUP)) - 1
-                        | if g1 > g0 {
-                            ((1u16 << (width - GROUP)) - 1) << GROUP
-                        } else {
-                            0
-                        }
-                };
+                let live = (u32::MAX >> (32 - width)) as u16;
                 let vals = tile16(pw, mi, x, k, i, g0, g1, live);
-                for a in 0..mi {
-                    super::write_row(out, n, i + a, j, &vals[a][..width], bias);
+                for (a, v) in vals.iter().enumerate().take(mi) {
+                    super::write_row(out, n, i + a, j, &v[..width], bias);
                 }
                 j += width;
             }

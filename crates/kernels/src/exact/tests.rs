@@ -254,7 +254,7 @@ fn avx2_decode_is_the_reference() {
             let mut want = vec![0f32; k];
             w.parts[0].dequantize_row(0, &mut want);
             let mut panel = vec![f32::NAN; 4 * k];
-            pack(Isa::Avx2Fma, dtype, &w, 0, 1, 4, 0, k, &mut panel);
+            packed::pack(Isa::Avx2Fma, dtype, &w, 0, 1, 4, 0, k, &mut panel);
             for (e, &v) in want.iter().enumerate() {
                 let got = panel[(e / 8 * 4) * 8 + e % 8];
                 // NaNs compare by being NaN (payloads may differ between conversions).

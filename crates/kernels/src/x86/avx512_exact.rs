@@ -57,11 +57,11 @@ unsafe fn opaque(mut v: __m512i) -> __m512i {
 }
 
 /// `vpshufb` control putting byte `j` of each 4-byte row slot at byte `pos` of that row's
-/// dword (the other bytes are masked off by the caller).
+/// dword and zeros (index bit 7) in its other bytes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn spread(j: usize, pos: usize) -> __m512i {
-    let mut v = [0u8; 64];
+    let mut v = [0x80u8; 64];
     for (i, b) in v.iter_mut().enumerate() {
         if i % 4 == pos {
             *b = (i / 4 % 4 * 4 + j) as u8;
@@ -222,7 +222,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
                     _mm512_and_si512(_mm512_srli_epi16::<4>(zv), nib)
                 };
                 for (j, shj) in k.slow.iter().enumerate() {
-                    let q = _mm512_maskz_shuffle_epi8(0x1111_1111_1111_1111, s, *shj);
+                    let q = _mm512_shuffle_epi8(s, *shj);
                     let w = if DT == Q4_1 {
                         _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m)
                     } else {
@@ -268,7 +268,7 @@ unsafe fn block_q8<const MR: usize>(
             let s = quads16(r0, r1, v);
             for (j, shj) in k.slow.iter().enumerate() {
                 // The byte at the top of its dword, shifted down with its sign.
-                let q = _mm512_maskz_shuffle_epi8(0x8888_8888_8888_8888, s, *shj);
+                let q = _mm512_shuffle_epi8(s, *shj);
                 let q = _mm512_srai_epi32::<24>(q);
                 let w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
                 feed(acc, x, e0 + 4 * v + j, 4 * (v % 2) + j, w);

@@ -156,6 +156,7 @@ pub fn tile_rates() -> Vec<crate::cost::TileRate> {
         let tiles = match (family, kernel) {
             // Measured on Q4_1, so on the repack where that is what runs.
             (KernelFamily::F32Dot, F32Kernel::Stream) => crate::exact::stream_tiles(DType::Q4_1),
+            (KernelFamily::F32Dot, F32Kernel::Packed) => crate::exact::packed_tiles(),
             (KernelFamily::F32Dot, _) => kernel.tiles(),
             (KernelFamily::Q8Interleaved, _) => family.tiles(),
         };

@@ -63,11 +63,15 @@ pub fn kernel_name(f: KernelFamily, kernel: F32Kernel) -> &'static str {
     }
 }
 
-/// The profile name of a tile's rate: [`kernel_name`], except the stream kernel's 16-row
-/// tiles (its AVX-512 form on the repack, `crate::exact::STREAM16_TILES`): `f32stream16`.
+/// The profile name of a tile's rate: [`kernel_name`], except for the exact kernels' AVX-512
+/// tiles: the stream kernel's 16-row tiles on the repack (`crate::exact::STREAM16_TILES`),
+/// `f32stream16`, and the packed kernel's even-`nr` tiles where AVX-512 runs, `f32packed16`.
 pub fn tile_rate_name(f: KernelFamily, kernel: F32Kernel, nr: usize) -> &'static str {
     match (f, kernel) {
         (KernelFamily::F32Dot, F32Kernel::Stream) if nr == 16 => "f32stream16",
+        (KernelFamily::F32Dot, F32Kernel::Packed) if nr % 2 == 0 && crate::isa::avx512_exact() => {
+            "f32packed16"
+        }
         _ => kernel_name(f, kernel),
     }
 }
@@ -162,10 +166,14 @@ impl MachineProfile {
                 ("f32stream", 2, 2, 21.0),
                 ("f32stream", 3, 2, 24.1),
                 ("f32stream", 4, 1, 22.4),
-                // The AVX-512 stream kernel on the repack (no Zen3 figure: it has no
-                // AVX-512): its rates on the Intel Xeon vCPU scaled like the ones above.
+                // The AVX-512 stream kernel on the repack and packed tiles (no Zen3 figure:
+                // it has no AVX-512): rates on the Intel Xeon vCPU scaled like the ones above.
                 ("f32stream16", 1, 16, 21.0),
                 ("f32stream16", 2, 16, 32.0),
+                ("f32packed16", 8, 4, 52.0),
+                ("f32packed16", 6, 4, 50.0),
+                ("f32packed16", 4, 4, 45.0),
+                ("f32packed16", 8, 2, 40.0),
                 ("f32packed", 3, 4, 41.0),
                 ("f32packed", 2, 4, 35.7),
                 ("f32packed", 4, 3, 32.2),

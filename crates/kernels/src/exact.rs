@@ -26,7 +26,7 @@ use crate::generic::{self, LANES};
 use crate::isa::Isa;
 use crate::plan::Plan;
 pub(crate) use packed::packed_range;
-pub use packed::{packed_kc, packed_tile_for};
+pub use packed::{packed_kc, packed_tile_for, packed_tiles};
 
 /// The streaming kernel's tile for a requested one: `mr ≤ 4`, and `nr` a power of two at
 /// most 8, 2, 2, 1 for `mr` = 1, 2, 3, 4 (what the 16 vector registers hold without spills

@@ -48,7 +48,7 @@ impl IsaRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuFeatures {
     pub avx2_fma: bool,
-    /// AVX-512 F, BW and VL, and GFNI (Ice Lake, Sapphire Rapids, Zen 4 and later).
+    /// AVX-512 F, BW, DQ and VL, and GFNI (Ice Lake, Sapphire Rapids, Zen 4 and later).
     pub avx512: bool,
 }
 
@@ -58,8 +58,12 @@ impl CpuFeatures {
         {
             use std::arch::is_x86_feature_detected as has;
             let avx2_fma = has!("avx2") && has!("fma") && has!("f16c");
-            let avx512 =
-                avx2_fma && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("gfni");
+            let avx512 = avx2_fma
+                && has!("avx512f")
+                && has!("avx512bw")
+                && has!("avx512dq")
+                && has!("avx512vl")
+                && has!("gfni");
             CpuFeatures { avx2_fma, avx512 }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -111,8 +115,8 @@ fn selection() -> (Isa, bool) {
     })
 }
 
-/// Whether the exact family's AVX-512 stream kernel runs in this process (the CPU has
-/// AVX-512 F/BW/VL and GFNI, and `TESSERA_ISA` asks for neither `avx2` nor `generic`).
+/// Whether the exact family's AVX-512 kernels run in this process (the CPU has
+/// AVX-512 F/BW/DQ/VL and GFNI, and `TESSERA_ISA` asks for neither `avx2` nor `generic`).
 /// Implies `Isa::active() == Isa::Avx2Fma`.
 pub fn avx512_exact() -> bool {
     selection().1

@@ -225,6 +225,7 @@ impl Planner {
         for &kernel in Self::kernels(family) {
             let tiles = match (family, kernel) {
                 (KernelFamily::F32Dot, F32Kernel::Stream) => crate::exact::stream_tiles(dtype),
+                (KernelFamily::F32Dot, F32Kernel::Packed) => crate::exact::packed_tiles(),
                 (KernelFamily::F32Dot, _) => kernel.tiles(),
                 (KernelFamily::Q8Interleaved, _) => family.tiles(),
             };

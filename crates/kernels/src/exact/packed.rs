@@ -22,9 +22,25 @@ thread_local! {
     static LANE_ACC: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The packed kernel's tile for a requested one: `mr` in 1..=4, `nr` in 2..=4.
+/// The packed kernel's tile for a requested one: `nr` in 2..=4, `mr` in 1..=4, or up to 8
+/// for an even `nr` where the AVX-512 tile runs (`x86::avx512_packed`).
 pub fn packed_tile_for(mr: usize, nr: usize) -> (usize, usize) {
-    (mr.clamp(1, 4), nr.clamp(2, 4))
+    let nr = nr.clamp(2, 4);
+    (mr.clamp(1, if wide(nr) { 8 } else { 4 }), nr)
+}
+
+/// Whether `nr`-wide packed tiles run as AVX-512 tiles.
+fn wide(nr: usize) -> bool {
+    nr % 2 == 0 && crate::isa::avx512_exact()
+}
+
+/// Register tiles of the packed kernel the planner proposes.
+pub fn packed_tiles() -> &'static [(usize, usize)] {
+    if crate::isa::avx512_exact() {
+        &[(8, 4), (6, 4), (4, 4), (8, 2)]
+    } else {
+        crate::plan::F32Kernel::Packed.tiles()
+    }
 }
 
 /// The K block of a packed plan: all of K, or a multiple of 32 (so every block but the last
@@ -224,12 +240,58 @@ fn tile(
     acc: &mut [f32],
     first: bool,
     last: bool,
-) -> [f32; 16] {
+) -> [f32; 32] {
     let len = k1 - k0;
     let steps = len / 8;
     let tail = len % 8;
-    assert!(panel.len() == nr * len && acc.len() >= mr * nr * LANES && mr <= 4 && nr <= 4);
-    assert!(k1 <= k && (i0 + mr) * k <= x.len());
+    assert!(panel.len() == nr * len && acc.len() >= mr * nr * LANES && mr <= 8 && nr <= 4);
+    assert!(k1 <= k && (i0 + mr) * k <= x.len() && (mr <= 4 || wide(nr)));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && wide(nr) {
+        use crate::x86::avx512_packed as ax;
+        macro_rules! run {
+            ($MR:literal, $NR:literal) => {{
+                // SAFETY: AVX-512 F/DQ, AVX2 and FMA checked (`wide`); bounds as below.
+                let xp: [*const f32; $MR] =
+                    std::array::from_fn(|a| unsafe { x.as_ptr().add((i0 + a) * k + k0) });
+                let r = unsafe {
+                    ax::packed_tile::<$MR, $NR>(
+                        xp,
+                        panel.as_ptr(),
+                        steps,
+                        tail,
+                        acc.as_mut_ptr(),
+                        first,
+                        last,
+                    )
+                };
+                let mut v = [0f32; 32];
+                for a in 0..$MR {
+                    v[a * $NR..(a + 1) * $NR].copy_from_slice(&r[a]);
+                }
+                return v;
+            }};
+        }
+        match (mr, nr) {
+            (1, 2) => run!(1, 2),
+            (2, 2) => run!(2, 2),
+            (3, 2) => run!(3, 2),
+            (4, 2) => run!(4, 2),
+            (5, 2) => run!(5, 2),
+            (6, 2) => run!(6, 2),
+            (7, 2) => run!(7, 2),
+            (8, 2) => run!(8, 2),
+            (1, 4) => run!(1, 4),
+            (2, 4) => run!(2, 4),
+            (3, 4) => run!(3, 4),
+            (4, 4) => run!(4, 4),
+            (5, 4) => run!(5, 4),
+            (6, 4) => run!(6, 4),
+            (7, 4) => run!(7, 4),
+            (8, 4) => run!(8, 4),
+            _ => unreachable!("packed tile {mr}x{nr}"),
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma {
         use crate::x86::avx2_exact as ax;
@@ -251,11 +313,9 @@ fn tile(
                         last,
                     )
                 };
-                let mut v = [0f32; 16];
+                let mut v = [0f32; 32];
                 for a in 0..$MR {
-                    for b in 0..$NR {
-                        v[a * $NR + b] = r[a][b];
-                    }
+                    v[a * $NR..(a + 1) * $NR].copy_from_slice(&r[a]);
                 }
                 return v;
             }};
@@ -294,7 +354,7 @@ fn tile(
             }
         }
     }
-    let mut v = [0f32; 16];
+    let mut v = [0f32; 32];
     if !last {
         return v;
     }

@@ -143,7 +143,7 @@ proptest! {
 
     #[test]
     fn packed_on_records_equals_panel_bitwise(
-        m in 1usize..20, n in 1usize..30, kb in 1usize..6, d in 0usize..3, mr in 1usize..5,
+        m in 1usize..20, n in 1usize..30, kb in 1usize..6, d in 0usize..3, mr in 1usize..10,
         nr in 2usize..5, mc in 1usize..12, nc in 1usize..20, kcb in 0usize..3,
         units in 1usize..4, awkward in any::<bool>(),
     ) {

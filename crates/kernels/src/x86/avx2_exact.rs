@@ -204,7 +204,7 @@ unsafe fn decode_elem<const DT: u8>(row: *const u8, t: usize) -> f32 {
 /// last two; IEEE addition is commutative, so operand order inside a sum does not matter).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+pub(crate) unsafe fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
     let hab = _mm256_add_ps(
         _mm256_permute2f128_ps(a, b, 0x20),
         _mm256_permute2f128_ps(a, b, 0x31),
@@ -227,7 +227,7 @@ unsafe fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
 /// The canonical lane tree of one accumulator (as `avx2::hsum`).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn reduce1(v: __m256) -> f32 {
+pub(crate) unsafe fn reduce1(v: __m256) -> f32 {
     let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 0b01)))

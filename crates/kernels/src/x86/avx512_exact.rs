@@ -30,7 +30,7 @@
 //! `(q − 8)·d`, `d·q`), as `avx2_exact::decode_group`.
 //!
 //! Invariants shared by every function: the caller has verified AVX2, FMA, F16C, AVX-512
-//! F/BW/VL and GFNI (`crate::isa::avx512_exact`); pointers are valid for the lengths
+//! F/BW/DQ/VL and GFNI (`crate::isa::avx512_exact`); pointers are valid for the lengths
 //! documented; loads are unaligned.
 
 use std::arch::x86_64::*;

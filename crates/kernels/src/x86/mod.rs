@@ -5,4 +5,5 @@ pub mod avx2;
 pub mod avx2_exact;
 pub mod avx2_q8;
 pub mod avx512_exact;
+pub mod avx512_packed;
 pub mod lora_avx2;

@@ -69,7 +69,9 @@ pub fn kernel_name(f: KernelFamily, kernel: F32Kernel) -> &'static str {
 pub fn tile_rate_name(f: KernelFamily, kernel: F32Kernel, nr: usize) -> &'static str {
     match (f, kernel) {
         (KernelFamily::F32Dot, F32Kernel::Stream) if nr == 16 => "f32stream16",
-        (KernelFamily::F32Dot, F32Kernel::Packed) if nr % 2 == 0 && crate::isa::avx512_exact() => {
+        (KernelFamily::F32Dot, F32Kernel::Packed)
+            if nr.is_multiple_of(2) && crate::isa::avx512_exact() =>
+        {
             "f32packed16"
         }
         _ => kernel_name(f, kernel),

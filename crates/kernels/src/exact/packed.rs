@@ -31,7 +31,7 @@ pub fn packed_tile_for(mr: usize, nr: usize) -> (usize, usize) {
 
 /// Whether `nr`-wide packed tiles run as AVX-512 tiles.
 fn wide(nr: usize) -> bool {
-    nr % 2 == 0 && crate::isa::avx512_exact()
+    nr.is_multiple_of(2) && crate::isa::avx512_exact()
 }
 
 /// Register tiles of the packed kernel the planner proposes.

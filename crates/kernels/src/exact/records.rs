@@ -41,7 +41,7 @@ pub(crate) fn stream_range(
     if cols.is_empty() || rows.is_empty() {
         return;
     }
-    assert!(cols.start % GROUP == 0 && cols.end <= n && pw.n == n && pw.k == k);
+    assert!(cols.start.is_multiple_of(GROUP) && cols.end <= n && pw.n == n && pw.k == k);
     assert!(x.len() >= rows.end * k);
     let mr = stream_mr(plan.tile.mr);
     let nc = plan.tile.nc.max(2 * GROUP).div_ceil(2 * GROUP) * 2 * GROUP;
@@ -126,7 +126,9 @@ pub(crate) fn pack(
     dst: &mut [f32],
 ) {
     use crate::x86::avx2_exact as ax;
-    assert!(dst.len() == nr * (k1 - k0) && k0 % 32 == 0 && k1 % 32 == 0 && k1 <= pw.k);
+    assert!(
+        dst.len() == nr * (k1 - k0) && k0.is_multiple_of(32) && k1.is_multiple_of(32) && k1 <= pw.k
+    );
     assert!(live >= 1 && r0 + live <= pw.n && crate::Isa::active() == crate::Isa::Avx2Fma);
     let src = |b: usize| {
         let r = r0 + b.min(live - 1);

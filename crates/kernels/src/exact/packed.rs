@@ -158,7 +158,7 @@ pub(crate) fn pack(
     dst: &mut [f32],
 ) {
     let len = k1 - k0;
-    assert!(dst.len() == nr * len && k0 % 32 == 0);
+    assert!(dst.len() == nr * len && k0.is_multiple_of(32));
     #[cfg(target_arch = "x86_64")]
     if let (Isa::Avx2Fma, Some(pw)) = (isa, w.packed.as_ref()) {
         // Repacked: read the records (the stored rows' pages were released).

@@ -561,9 +561,11 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
         pb.suspend(|| println!("{}", header()));
     }
     for &dtype in &cfg.dtypes {
-        let repack = cfg.precision == Precision::Fast && dtype.is_quantized();
-        let key_precision = if repack {
-            cfg.precision
+        // Weights as the model loads them: repacked for the fast path, and for the exact
+        // path where its AVX-512 stream kernel reads the repack.
+        let repack = tessera_kernels::wants_repack(cfg.precision) && dtype.is_quantized();
+        let key_precision = if cfg.precision == Precision::Fast && dtype.is_quantized() {
+            Precision::Fast
         } else {
             Precision::Exact
         };

@@ -107,7 +107,7 @@ pub fn tune(
     let total = shapes.len() * opts.m_list.len();
     let mut done = 0;
     for &(dtype, k, n) in shapes {
-        let w = synthetic_weight(dtype, k, n, opts.precision == Precision::Fast);
+        let w = synthetic_weight(dtype, k, n, tessera_kernels::wants_repack(opts.precision));
         for &m in &opts.m_list {
             let key = ShapeKey::new(m, k, n, dtype, opts.precision, pool.units());
             progress(done, total, &format!("{dtype} m={m} k={k} n={n}"));

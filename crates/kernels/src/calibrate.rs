@@ -153,13 +153,16 @@ const RATED: [(KernelFamily, F32Kernel); 4] = [
 pub fn tile_rates() -> Vec<crate::cost::TileRate> {
     let mut v = vec![];
     for (family, kernel) in RATED {
-        let tiles = match family {
-            KernelFamily::F32Dot => kernel.tiles(),
-            KernelFamily::Q8Interleaved => family.tiles(),
+        let tiles = match (family, kernel) {
+            // Measured on Q4_1, so on the repack where that is what runs.
+            (KernelFamily::F32Dot, F32Kernel::Stream) => crate::exact::stream_tiles(DType::Q4_1),
+            (KernelFamily::F32Dot, F32Kernel::Packed) => crate::exact::packed_tiles(),
+            (KernelFamily::F32Dot, _) => kernel.tiles(),
+            (KernelFamily::Q8Interleaved, _) => family.tiles(),
         };
         for &(mr, nr) in tiles {
             v.push(crate::cost::TileRate {
-                family: crate::cost::kernel_name(family, kernel).into(),
+                family: crate::cost::tile_rate_name(family, kernel, nr).into(),
                 mr,
                 nr,
                 gflops: tile_gflops(family, kernel, mr, nr),
@@ -182,7 +185,8 @@ pub fn tile_gflops(family: KernelFamily, kernel: F32Kernel, mr: usize, nr: usize
         (KernelFamily::F32Dot, _) => (DType::F32, Precision::Exact),
         (KernelFamily::Q8Interleaved, _) => (DType::Q4_1, Precision::Fast),
     };
-    let w = weight(dtype, n, k, family == KernelFamily::Q8Interleaved);
+    // As the model loads them (the exact stream kernel reads the repack on AVX-512).
+    let w = weight(dtype, n, k, crate::wants_repack(precision));
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut out = vec![0f32; m * n];
     let planner = Planner::untuned();

@@ -63,6 +63,21 @@ pub fn kernel_name(f: KernelFamily, kernel: F32Kernel) -> &'static str {
     }
 }
 
+/// The profile name of a tile's rate: [`kernel_name`], except for the exact kernels' AVX-512
+/// tiles: the stream kernel's 16-row tiles on the repack (`crate::exact::STREAM16_TILES`),
+/// `f32stream16`, and the packed kernel's even-`nr` tiles where AVX-512 runs, `f32packed16`.
+pub fn tile_rate_name(f: KernelFamily, kernel: F32Kernel, nr: usize) -> &'static str {
+    match (f, kernel) {
+        (KernelFamily::F32Dot, F32Kernel::Stream) if nr == 16 => "f32stream16",
+        (KernelFamily::F32Dot, F32Kernel::Packed)
+            if nr.is_multiple_of(2) && crate::isa::avx512_exact() =>
+        {
+            "f32packed16"
+        }
+        _ => kernel_name(f, kernel),
+    }
+}
+
 /// In-register dequantization cost of 8 elements, in FMA-instruction equivalents (loads,
 /// widening, conversion, scale), for the stream kernel's per-dtype rate.
 pub fn decode_cost(dtype: DType) -> f64 {
@@ -91,7 +106,7 @@ impl MachineProfile {
         nr: usize,
         k: usize,
     ) -> f64 {
-        let name = kernel_name(family, kernel);
+        let name = tile_rate_name(family, kernel, nr);
         if let Some(t) = self
             .tiles
             .iter()
@@ -107,6 +122,10 @@ impl MachineProfile {
         match (family, kernel) {
             // No per-element callback, batched lane trees: about a fifth faster.
             (KernelFamily::F32Dot, F32Kernel::Packed) => peak * eff * 1.2,
+            // AVX-512 on the repack: twice the lanes, one shuffle + FMA of decode per 16.
+            (KernelFamily::F32Dot, F32Kernel::Stream) if nr == 16 => {
+                2.0 * peak * mr as f64 / (mr as f64 + 1.0)
+            }
             // Q4_1 decode (2 FMA-equivalents per 8 elements) shared by `mr` rows.
             (KernelFamily::F32Dot, F32Kernel::Stream) => peak * mr as f64 / (mr as f64 + 2.0),
             _ => peak * eff,
@@ -149,6 +168,14 @@ impl MachineProfile {
                 ("f32stream", 2, 2, 21.0),
                 ("f32stream", 3, 2, 24.1),
                 ("f32stream", 4, 1, 22.4),
+                // The AVX-512 stream kernel on the repack and packed tiles (no Zen3 figure:
+                // it has no AVX-512): rates on the Intel Xeon vCPU scaled like the ones above.
+                ("f32stream16", 1, 16, 21.0),
+                ("f32stream16", 2, 16, 32.0),
+                ("f32packed16", 8, 4, 52.0),
+                ("f32packed16", 6, 4, 50.0),
+                ("f32packed16", 4, 4, 45.0),
+                ("f32packed16", 8, 2, 40.0),
                 ("f32packed", 3, 4, 41.0),
                 ("f32packed", 2, 4, 35.7),
                 ("f32packed", 4, 3, 32.2),
@@ -228,14 +255,14 @@ fn predict_stream_us(
     dtype: DType,
 ) -> f64 {
     let t = &plan.tile;
-    let (mr, nr) = crate::exact::stream_tile_for(t.mr, t.nr);
+    let (mr, nr) = crate::exact::stream_tile_of(dtype, t.mr, t.nr);
     let (mp, np) = plan.parallel.parts();
     let units = (mp * np) as f64;
     let rows = m.div_ceil(mp);
     let nn = (n.div_ceil(np)).div_ceil(8) as f64 * 8.0;
     let kf = k as f64;
     let rate_of = |r: usize| {
-        let (r, q) = crate::exact::stream_tile_for(r, nr);
+        let (r, q) = crate::exact::stream_tile_of(dtype, r, nr);
         let base = p.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Stream, r, q, k);
         let r = r as f64;
         base * (r + decode_cost(DType::Q4_1)) / (r + decode_cost(dtype))

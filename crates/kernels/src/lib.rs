@@ -4,7 +4,7 @@
 //! - [`isa`]: which instruction set the kernels use, detected once at run time.
 //! - [`generic`]: portable kernels, always complete; the reference for the SIMD ones.
 //! - `x86::avx2`, `x86::avx2_q8`, `x86::avx2_exact`: AVX2+FMA kernels with the same
-//!   arithmetic (same order).
+//!   arithmetic (same order); `x86::avx512_exact`: the exact stream kernel on AVX-512.
 //! - [`exact`]: the exact family's streaming (small M) and packed (large M) kernels.
 //! - [`plan`]: tiling and parallel strategies as plain data; [`cost`]: the cost model;
 //!   [`planner`]: candidates, ranking, the tuning cache; [`calibrate`]: machine figures.
@@ -42,6 +42,19 @@ pub mod x86;
 pub use isa::Isa;
 pub use lora::{lora_apply, lora_apply_reference, plan_lora, LoraPlan, LoraSplit, LoraTask};
 pub use matmul::matmul;
+
+/// Whether weights for `precision` should be built with the 8-row interleaved repack
+/// ([`packed::PackedWeight`], `GemmWeight::new(.., repack)`): always for the fast path (its
+/// integer-dot kernels read only the repack), and for the exact path when its AVX-512
+/// stream kernel runs ([`isa::avx512_exact`]), which reads the repack too (the exact
+/// packed kernel then dequantizes its panels from the repack as well). Formats without a
+/// repack (f32, f16, bf16) are left as stored either way.
+pub fn wants_repack(precision: plan::Precision) -> bool {
+    match precision {
+        plan::Precision::Fast => true,
+        plan::Precision::Exact => isa::avx512_exact(),
+    }
+}
 
 /// The canonical f32 dot product on the active ISA (see the crate's numerics contract).
 #[inline]

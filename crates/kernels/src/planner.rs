@@ -223,9 +223,11 @@ impl Planner {
             }
         }
         for &kernel in Self::kernels(family) {
-            let tiles = match family {
-                KernelFamily::F32Dot => kernel.tiles(),
-                KernelFamily::Q8Interleaved => family.tiles(),
+            let tiles = match (family, kernel) {
+                (KernelFamily::F32Dot, F32Kernel::Stream) => crate::exact::stream_tiles(dtype),
+                (KernelFamily::F32Dot, F32Kernel::Packed) => crate::exact::packed_tiles(),
+                (KernelFamily::F32Dot, _) => kernel.tiles(),
+                (KernelFamily::Q8Interleaved, _) => family.tiles(),
             };
             // The stream kernel has no activation blocks (mc = M); the packed one blocks K.
             let mcs = match kernel {
@@ -257,7 +259,8 @@ impl Planner {
                             continue;
                         }
                         for &nc in &ncs {
-                            if nc < nr {
+                            // (A tile wider than N, the stream kernel's 16 rows, is fine.)
+                            if nc < nr.min(n8) {
                                 continue;
                             }
                             for par in &splits {

@@ -100,8 +100,9 @@ fn adapted(
 
 impl LlamaModel {
     /// Builds the model from loaded files, checking every tensor's presence and shape.
-    /// With `Precision::Fast`, block-quantized weights are also repacked for the
-    /// integer-dot kernels (once, here).
+    /// Block-quantized weights are also repacked (once, here) when the precision's kernels
+    /// read the repack: always for `Precision::Fast` (the integer-dot kernels), and for
+    /// `Precision::Exact` where its AVX-512 stream kernel runs (`tessera_kernels::wants_repack`).
     pub fn new(files: &ModelFiles, precision: Precision) -> Result<Self> {
         Self::new_shard(files, precision, 0..files.config.vocab_size)
     }
@@ -113,7 +114,7 @@ impl LlamaModel {
         precision: Precision,
         vocab: std::ops::Range<usize>,
     ) -> Result<Self> {
-        let rp = precision == Precision::Fast;
+        let rp = tessera_kernels::wants_repack(precision);
         let c = files.config.clone();
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let nv = vocab.len();

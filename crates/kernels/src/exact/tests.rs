@@ -44,7 +44,7 @@ fn weight(dtype: DType, n: usize, k: usize, seed: u64, parts: usize) -> GemmWeig
     GemmWeight::stacked(tensors, false).unwrap()
 }
 
-fn acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
+pub(super) fn acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect()
 }
@@ -58,7 +58,7 @@ fn k_for(dtype: DType, units: usize, odd: usize) -> usize {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn plan(
+pub(super) fn plan(
     kernel: F32Kernel,
     mr: usize,
     nr: usize,
@@ -90,7 +90,7 @@ fn plan(
     p
 }
 
-fn run(
+pub(super) fn run(
     p: &Plan,
     pool: &ThreadPool,
     x: &[f32],
@@ -105,7 +105,7 @@ fn run(
 
 /// What every exact kernel must produce: the panel kernel with 1 × 1 tiles on one unit
 /// (itself `avx2::dot_f32`'s arithmetic on AVX2, `generic::dot_f32` elsewhere).
-fn reference(
+pub(super) fn reference(
     pool: &ThreadPool,
     x: &[f32],
     m: usize,
@@ -147,7 +147,7 @@ proptest! {
     #[test]
     fn packed_equals_panel_bitwise(
         m in 1usize..23, n in 1usize..30, kb in 1usize..7, odd in 0usize..8, d in 0usize..6,
-        mr in 1usize..5, nr in 2usize..5, mc in 1usize..12, nc in 1usize..20, kcb in 0usize..4,
+        mr in 1usize..10, nr in 2usize..5, mc in 1usize..12, nc in 1usize..20, kcb in 0usize..4,
         units in 1usize..4,
     ) {
         let dtype = DTYPES[d];
@@ -254,7 +254,7 @@ fn avx2_decode_is_the_reference() {
             let mut want = vec![0f32; k];
             w.parts[0].dequantize_row(0, &mut want);
             let mut panel = vec![f32::NAN; 4 * k];
-            pack(Isa::Avx2Fma, dtype, &w, 0, 1, 4, 0, k, &mut panel);
+            packed::pack(Isa::Avx2Fma, dtype, &w, 0, 1, 4, 0, k, &mut panel);
             for (e, &v) in want.iter().enumerate() {
                 let got = panel[(e / 8 * 4) * 8 + e % 8];
                 // NaNs compare by being NaN (payloads may differ between conversions).
@@ -309,7 +309,9 @@ fn time_exact_kernels() {
             f[2].parse().unwrap(),
         );
         let dtype = DType::parse(f[3]).unwrap();
+        // As the model loads it (repacked where the exact stream kernel reads the repack).
         let w = weight(dtype, n, k, 1, 1);
+        let w = GemmWeight::stacked(w.parts, crate::wants_repack(Precision::Exact)).unwrap();
         let x = acts(m, k, 2);
         let mut out = vec![0f32; m * n];
         let planner = Planner::untuned();
@@ -383,6 +385,34 @@ fn time_packed_microkernel() {
         println!(
             "3x4 len {len}: {:.1} GFLOP/s ({sink})",
             24.0 * (len * reps) as f64 / s / 1e9
+        );
+        if !crate::isa::avx512_exact() {
+            continue;
+        }
+        let x = acts(8, len, 1);
+        let mut acc = vec![0f32; 256];
+        let reps = 200_000_000 / (len * 64);
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            let xp: [*const f32; 8] = std::array::from_fn(|a| x[a * len..].as_ptr());
+            // SAFETY: AVX-512 checked; 8 rows of len, a panel of 4·len, a slot of 256.
+            let r = unsafe {
+                crate::x86::avx512_packed::packed_tile::<8, 4>(
+                    xp,
+                    panel.as_ptr(),
+                    len / 8,
+                    0,
+                    acc.as_mut_ptr(),
+                    true,
+                    true,
+                )
+            };
+            sink += r[0][0];
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "8x4 (AVX-512) len {len}: {:.1} GFLOP/s ({sink})",
+            64.0 * (len * reps) as f64 / s / 1e9
         );
     }
 }

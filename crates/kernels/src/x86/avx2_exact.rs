@@ -123,6 +123,56 @@ unsafe fn decode_group<const DT: u8>(row: *const u8, b: usize) -> [__m256; 4] {
     }
 }
 
+/// Row `c` (0..8) of one record of the 8-row interleaved repack (`crate::packed`), i.e. 32
+/// elements of a block-quantized row: the same values as [`decode_group`] on the stored
+/// block (the record keeps each row's quants and scales; for 4-bit formats the row's 16
+/// bytes, one dword per record slice, are the stored block's bytes in order).
+///
+/// # Safety
+/// AVX2+FMA+F16C; `rec` valid for one record of `DT` (`avx512_exact::record_geometry`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn decode_record<const DT: u8>(rec: *const u8, c: usize) -> [__m256; 4] {
+    let dw = |v: usize| rec.add(32 * v + 4 * c).cast::<i32>().read_unaligned();
+    match DT {
+        Q8_0 => {
+            let d = f16_splat(rec.add(256 + 2 * c));
+            let q = _mm256_setr_epi32(dw(0), dw(1), dw(2), dw(3), dw(4), dw(5), dw(6), dw(7));
+            let halves = [_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q)];
+            std::array::from_fn(|j| {
+                let h = halves[j / 2];
+                let b = if j % 2 == 0 {
+                    h
+                } else {
+                    _mm_unpackhi_epi64(h, h)
+                };
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)))
+            })
+        }
+        Q4_0 | Q4_1 => {
+            let qs = _mm_setr_epi32(dw(0), dw(1), dw(2), dw(3));
+            let b0 = _mm256_cvtepu8_epi32(qs);
+            let b1 = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(qs, qs));
+            let lo = _mm256_set1_epi32(0x0f);
+            let q = [
+                _mm256_and_si256(b0, lo),
+                _mm256_and_si256(b1, lo),
+                _mm256_srli_epi32(b0, 4),
+                _mm256_srli_epi32(b1, 4),
+            ];
+            let d = f16_splat(rec.add(128 + 2 * c));
+            if DT == Q4_0 {
+                let eight = _mm256_set1_epi32(8);
+                q.map(|q| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, eight)), d))
+            } else {
+                let m = f16_splat(rec.add(144 + 2 * c));
+                q.map(|q| _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m))
+            }
+        }
+        _ => unreachable!("only block formats are repacked"),
+    }
+}
+
 /// Float formats only: elements `8c .. 8c + 8` of a stored row.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -154,7 +204,7 @@ unsafe fn decode_elem<const DT: u8>(row: *const u8, t: usize) -> f32 {
 /// last two; IEEE addition is commutative, so operand order inside a sum does not matter).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+pub(crate) unsafe fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
     let hab = _mm256_add_ps(
         _mm256_permute2f128_ps(a, b, 0x20),
         _mm256_permute2f128_ps(a, b, 0x31),
@@ -177,7 +227,7 @@ unsafe fn reduce4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
 /// The canonical lane tree of one accumulator (as `avx2::hsum`).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn reduce1(v: __m256) -> f32 {
+pub(crate) unsafe fn reduce1(v: __m256) -> f32 {
     let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 0b01)))
@@ -305,6 +355,40 @@ pub unsafe fn pack_panel<const DT: u8, const NR: usize>(
         for t in 0..len % 8 {
             *panel.add(steps * 8 * NR + n * (len % 8) + t) =
                 decode_elem::<DT>(w[n], k0 + steps * 8 + t);
+        }
+    }
+}
+
+/// [`pack_panel`] for a repacked weight (block formats, so `k0` and `k1` are multiples of
+/// 32): row `n` of the panel is row `cs[n]` of the group whose records start at `recs[n]`
+/// (`rb` bytes each, one per block of 32 elements).
+///
+/// # Safety
+/// AVX2+FMA+F16C; `recs[n]` valid for `k1 / 32` records of `DT` for `n < rows`; `panel`
+/// holds `NR · (k1 − k0)` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn pack_panel_records<const DT: u8, const NR: usize>(
+    recs: [*const u8; NR],
+    cs: [usize; NR],
+    rb: usize,
+    rows: usize,
+    k0: usize,
+    k1: usize,
+    panel: *mut f32,
+) {
+    let steps = (k1 - k0) / 8;
+    for n in 0..NR {
+        if n >= rows {
+            for s in 0..steps {
+                _mm256_storeu_ps(panel.add((s * NR + n) * 8), _mm256_setzero_ps());
+            }
+            continue;
+        }
+        for b in 0..steps / 4 {
+            let v = decode_record::<DT>(recs[n].add((k0 / 32 + b) * rb), cs[n]);
+            for (j, wv) in v.into_iter().enumerate() {
+                _mm256_storeu_ps(panel.add(((4 * b + j) * NR + n) * 8), wv);
+            }
         }
     }
 }

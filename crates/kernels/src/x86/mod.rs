@@ -4,4 +4,6 @@
 pub mod avx2;
 pub mod avx2_exact;
 pub mod avx2_q8;
+pub mod avx512_exact;
+pub mod avx512_packed;
 pub mod lora_avx2;

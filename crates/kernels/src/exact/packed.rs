@@ -1,0 +1,374 @@
+//! The exact family's packed form (large M), as a plan executor: for each block of `nc`
+//! weight rows, for each K block of `kc`, the block is dequantized once into a panel
+//! interleaved by `nr` rows; for each block of `mc` activation rows, each `nr`-row group,
+//! each `mr`-row tile, the register tile runs over the K block, its lane accumulators kept
+//! in memory between K blocks; after the last K block it reduces them and writes.
+//! Canonical order throughout (see `super`).
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use tessera_core::DType;
+use tessera_runtime::DisjointMut;
+
+use super::{records, write_row};
+use crate::gemm::GemmWeight;
+use crate::generic::{self, LANES};
+use crate::isa::Isa;
+use crate::plan::Plan;
+
+thread_local! {
+    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static LANE_ACC: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The packed kernel's tile for a requested one: `nr` in 2..=4, `mr` in 1..=4, or up to 8
+/// for an even `nr` where the AVX-512 tile runs (`x86::avx512_packed`).
+pub fn packed_tile_for(mr: usize, nr: usize) -> (usize, usize) {
+    let nr = nr.clamp(2, 4);
+    (mr.clamp(1, if wide(nr) { 8 } else { 4 }), nr)
+}
+
+/// Whether `nr`-wide packed tiles run as AVX-512 tiles.
+fn wide(nr: usize) -> bool {
+    nr.is_multiple_of(2) && crate::isa::avx512_exact()
+}
+
+/// Register tiles of the packed kernel the planner proposes.
+pub fn packed_tiles() -> &'static [(usize, usize)] {
+    if crate::isa::avx512_exact() {
+        &[(8, 4), (6, 4), (4, 4), (8, 2)]
+    } else {
+        crate::plan::F32Kernel::Packed.tiles()
+    }
+}
+
+/// The K block of a packed plan: all of K, or a multiple of 32 (so every block but the last
+/// holds whole quantization blocks and whole chunks of 8).
+pub fn packed_kc(kc: usize, k: usize) -> usize {
+    if kc == 0 || kc >= k {
+        k.max(1)
+    } else {
+        kc.div_ceil(32).max(1) * 32
+    }
+}
+/// Runs a packed plan over activation rows `rows` and weight rows `cols`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn packed_range(
+    isa: Isa,
+    plan: &Plan,
+    x: &[f32],
+    k: usize,
+    n: usize,
+    w: &GemmWeight,
+    bias: Option<&[f32]>,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    out: DisjointMut<f32>,
+) {
+    let (mr, nr) = packed_tile_for(plan.tile.mr, plan.tile.nr);
+    let kc = packed_kc(plan.tile.kc, k);
+    let nc = plan.tile.nc.max(nr).div_ceil(nr) * nr;
+    // Tiles start at multiples of `mr` from `rows.start`, so each has one lane slot.
+    let mc = plan.tile.mc.max(mr).div_ceil(mr) * mr;
+    let blocks_k = k.div_ceil(kc);
+    let groups_max = nc / nr;
+    let tiles_m = rows.len().div_ceil(mr);
+    let slot = mr * nr * LANES;
+    let dtype = w.dtype();
+    PANEL.with(|panel| {
+        LANE_ACC.with(|lanes| {
+            let mut panel = panel.borrow_mut();
+            let mut lanes = lanes.borrow_mut();
+            if panel.len() < nc * kc {
+                panel.resize(nc * kc, 0.0);
+            }
+            // One lane slot per tile when K is blocked (they live across K blocks), else one.
+            let need = if blocks_k > 1 {
+                tiles_m * groups_max * slot
+            } else {
+                slot
+            };
+            if lanes.len() < need {
+                lanes.resize(need, 0.0);
+            }
+            let mut n0 = cols.start;
+            while n0 < cols.end {
+                let ncb = nc.min(cols.end - n0);
+                let groups = ncb.div_ceil(nr);
+                for kb in 0..blocks_k {
+                    let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
+                    let len = k1 - k0;
+                    for g in 0..groups {
+                        let r0 = n0 + g * nr;
+                        let live = nr.min(n0 + ncb - r0);
+                        let dst = &mut panel[g * nr * len..(g + 1) * nr * len];
+                        pack(isa, dtype, w, r0, live, nr, k0, k1, dst);
+                    }
+                    let mut m0 = rows.start;
+                    while m0 < rows.end {
+                        let m1 = (m0 + mc).min(rows.end);
+                        // Each activation tile stays in L1 while the interleaved panel
+                        // groups stream past it (one contiguous stream from L2).
+                        let mut i = m0;
+                        while i < m1 {
+                            let mi = mr.min(m1 - i);
+                            for g in 0..groups {
+                                let pg = &panel[g * nr * len..(g + 1) * nr * len];
+                                let live = nr.min(ncb - g * nr);
+                                let s = if blocks_k > 1 {
+                                    (((i - rows.start) / mr) * groups_max + g) * slot
+                                } else {
+                                    0
+                                };
+                                let acc = &mut lanes[s..s + slot];
+                                let last = kb + 1 == blocks_k;
+                                let vals =
+                                    tile(isa, mi, nr, x, k, i, k0, k1, pg, acc, kb == 0, last);
+                                if last {
+                                    for a in 0..mi {
+                                        let v = &vals[a * nr..a * nr + live];
+                                        write_row(out, n, i + a, n0 + g * nr, v, bias);
+                                    }
+                                }
+                            }
+                            i += mi;
+                        }
+                        m0 = m1;
+                    }
+                }
+                n0 += ncb;
+            }
+        })
+    });
+}
+
+/// Dequantizes elements `k0..k1` of weight rows `r0..r0 + live` into `dst` as
+/// `[step][nr][8]` then the tail `[nr][len % 8]`; rows `live..nr` are zero.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack(
+    isa: Isa,
+    dtype: DType,
+    w: &GemmWeight,
+    r0: usize,
+    live: usize,
+    nr: usize,
+    k0: usize,
+    k1: usize,
+    dst: &mut [f32],
+) {
+    let len = k1 - k0;
+    assert!(dst.len() == nr * len && k0.is_multiple_of(32));
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2Fma, Some(pw)) = (isa, w.packed.as_ref()) {
+        // Repacked: read the records (the stored rows' pages were released).
+        return records::pack(pw, r0, live, nr, k0, k1, dst);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        use crate::x86::avx2_exact as ax;
+        let row = |b: usize| w.row(r0 + b.min(live - 1)).as_ptr();
+        macro_rules! run {
+            ($DT:expr, $NR:literal) => {{
+                let wp: [*const u8; $NR] = std::array::from_fn(row);
+                // SAFETY: AVX2+FMA+F16C checked via `Isa`; the first `live` pointers are
+                // stored rows of K elements (the others are only counted, never read); k0 is
+                // a multiple of 32 and, for block formats, so is k1 (K and kc are); `dst`
+                // holds nr · len values (asserted).
+                unsafe { ax::pack_panel::<{ $DT }, $NR>(wp, live, k0, k1, dst.as_mut_ptr()) };
+                return;
+            }};
+        }
+        macro_rules! nrs {
+            ($DT:expr) => {
+                match nr {
+                    2 => run!($DT, 2),
+                    3 => run!($DT, 3),
+                    4 => run!($DT, 4),
+                    _ => unreachable!("packed nr {nr}"),
+                }
+            };
+        }
+        match dtype {
+            DType::F32 => nrs!(ax::F32),
+            DType::F16 => nrs!(ax::F16),
+            DType::BF16 => nrs!(ax::BF16),
+            DType::Q8_0 => nrs!(ax::Q8_0),
+            DType::Q4_0 => nrs!(ax::Q4_0),
+            DType::Q4_1 => nrs!(ax::Q4_1),
+        }
+    }
+    let _ = isa;
+    let steps = len / 8;
+    let tail = len % 8;
+    let es_num = dtype.block_bytes();
+    let es_den = dtype.block_len();
+    let mut buf = vec![0f32; len];
+    for b in 0..nr {
+        if b < live {
+            let row = w.row(r0 + b);
+            generic::dequantize(
+                dtype,
+                &row[k0 * es_num / es_den..k1 * es_num / es_den],
+                &mut buf,
+            );
+        } else {
+            buf.fill(0.0);
+        }
+        for s in 0..steps {
+            dst[(s * nr + b) * 8..(s * nr + b) * 8 + 8].copy_from_slice(&buf[8 * s..8 * s + 8]);
+        }
+        dst[steps * 8 * nr + b * tail..steps * 8 * nr + (b + 1) * tail]
+            .copy_from_slice(&buf[steps * 8..]);
+    }
+}
+
+/// One packed tile over the K block `k0..k1` of activation rows `i0..i0 + mr`: accumulates
+/// `acc` (lane slots `[m][n][8]`), and on the last K block returns the finished `mr × nr`
+/// values (row-major; zeros otherwise).
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    isa: Isa,
+    mr: usize,
+    nr: usize,
+    x: &[f32],
+    k: usize,
+    i0: usize,
+    k0: usize,
+    k1: usize,
+    panel: &[f32],
+    acc: &mut [f32],
+    first: bool,
+    last: bool,
+) -> [f32; 32] {
+    let len = k1 - k0;
+    let steps = len / 8;
+    let tail = len % 8;
+    assert!(panel.len() == nr * len && acc.len() >= mr * nr * LANES && mr <= 8 && nr <= 4);
+    assert!(k1 <= k && (i0 + mr) * k <= x.len() && (mr <= 4 || wide(nr)));
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma && wide(nr) {
+        use crate::x86::avx512_packed as ax;
+        macro_rules! run {
+            ($MR:literal, $NR:literal) => {{
+                // SAFETY: AVX-512 F/DQ, AVX2 and FMA checked (`wide`); bounds as below.
+                let xp: [*const f32; $MR] =
+                    std::array::from_fn(|a| unsafe { x.as_ptr().add((i0 + a) * k + k0) });
+                let r = unsafe {
+                    ax::packed_tile::<$MR, $NR>(
+                        xp,
+                        panel.as_ptr(),
+                        steps,
+                        tail,
+                        acc.as_mut_ptr(),
+                        first,
+                        last,
+                    )
+                };
+                let mut v = [0f32; 32];
+                for a in 0..$MR {
+                    v[a * $NR..(a + 1) * $NR].copy_from_slice(&r[a]);
+                }
+                return v;
+            }};
+        }
+        match (mr, nr) {
+            (1, 2) => run!(1, 2),
+            (2, 2) => run!(2, 2),
+            (3, 2) => run!(3, 2),
+            (4, 2) => run!(4, 2),
+            (5, 2) => run!(5, 2),
+            (6, 2) => run!(6, 2),
+            (7, 2) => run!(7, 2),
+            (8, 2) => run!(8, 2),
+            (1, 4) => run!(1, 4),
+            (2, 4) => run!(2, 4),
+            (3, 4) => run!(3, 4),
+            (4, 4) => run!(4, 4),
+            (5, 4) => run!(5, 4),
+            (6, 4) => run!(6, 4),
+            (7, 4) => run!(7, 4),
+            (8, 4) => run!(8, 4),
+            _ => unreachable!("packed tile {mr}x{nr}"),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        use crate::x86::avx2_exact as ax;
+        macro_rules! run {
+            ($MR:literal, $NR:literal) => {{
+                // SAFETY: in bounds (asserted above): row i0 + a of x holds k ≥ k1 values, so
+                // 8·steps + tail = len values from k0; the panel holds nr·len values; the
+                // slot mr·nr·8.
+                let xp: [*const f32; $MR] =
+                    std::array::from_fn(|a| unsafe { x.as_ptr().add((i0 + a) * k + k0) });
+                let r = unsafe {
+                    ax::packed_tile::<$MR, $NR>(
+                        xp,
+                        panel.as_ptr(),
+                        steps,
+                        tail,
+                        acc.as_mut_ptr(),
+                        first,
+                        last,
+                    )
+                };
+                let mut v = [0f32; 32];
+                for a in 0..$MR {
+                    v[a * $NR..(a + 1) * $NR].copy_from_slice(&r[a]);
+                }
+                return v;
+            }};
+        }
+        match (mr, nr) {
+            (1, 2) => run!(1, 2),
+            (1, 3) => run!(1, 3),
+            (1, 4) => run!(1, 4),
+            (2, 2) => run!(2, 2),
+            (2, 3) => run!(2, 3),
+            (2, 4) => run!(2, 4),
+            (3, 2) => run!(3, 2),
+            (3, 3) => run!(3, 3),
+            (3, 4) => run!(3, 4),
+            (4, 2) => run!(4, 2),
+            (4, 3) => run!(4, 3),
+            (4, 4) => run!(4, 4),
+            _ => unreachable!("packed tile {mr}x{nr}"),
+        }
+    }
+    let _ = isa;
+    // Portable twin: the same lanes, products then sums (as generic::dot_f32).
+    let xs = |a: usize| &x[(i0 + a) * k + k0..(i0 + a) * k + k1];
+    if first {
+        acc[..mr * nr * LANES].fill(0.0);
+    }
+    for s in 0..steps {
+        for b in 0..nr {
+            let wv = &panel[(s * nr + b) * 8..(s * nr + b) * 8 + 8];
+            for a in 0..mr {
+                let xv = &xs(a)[8 * s..8 * s + 8];
+                let lane = &mut acc[(a * nr + b) * LANES..(a * nr + b + 1) * LANES];
+                for l in 0..LANES {
+                    lane[l] += xv[l] * wv[l];
+                }
+            }
+        }
+    }
+    let mut v = [0f32; 32];
+    if !last {
+        return v;
+    }
+    for a in 0..mr {
+        for b in 0..nr {
+            let lane: &[f32; LANES] = acc[(a * nr + b) * LANES..(a * nr + b + 1) * LANES]
+                .try_into()
+                .expect("8 lanes");
+            let mut s = generic::reduce_lanes(lane);
+            for t in 0..tail {
+                s += xs(a)[8 * steps + t] * panel[8 * steps * nr + b * tail + t];
+            }
+            v[a * nr + b] = s;
+        }
+    }
+    v
+}

@@ -1,0 +1,176 @@
+//! The exact kernels over a weight's 8-row interleaved repack (`crate::packed`), which the
+//! loader builds in exact mode when the AVX-512 stream kernel runs (`crate::wants_repack`):
+//!
+//! - [`stream_range`]: the stream plan on AVX-512 (`x86::avx512_exact::stream16`), 16
+//!   weight rows (two groups) by 1 or 2 activation rows per call;
+//! - [`pack`]: the packed plan's panels dequantized from the records instead of the stored
+//!   rows, so the stored bytes (released after repacking) are not read again.
+//!
+//! Both compute every element in the canonical order, so results are bitwise those of the
+//! stored-row kernels (`super::stream_range`, `super::pack`).
+
+use std::ops::Range;
+
+use tessera_core::DType;
+use tessera_runtime::DisjointMut;
+
+use crate::packed::{PackedWeight, GROUP};
+use crate::plan::Plan;
+
+/// The AVX-512 stream kernel's activation tile for a plan's `mr`: 1 or 2 rows.
+pub fn stream_mr(mr: usize) -> usize {
+    mr.clamp(1, 2)
+}
+
+/// Runs a stream plan on the records: for each block of `nc` weight rows (a multiple of 16),
+/// each 1- or 2-row activation tile, each pair of 8-row groups (or a last single group).
+/// `cols.start` is a multiple of 8 (units split N in whole groups).
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn stream_range(
+    plan: &Plan,
+    x: &[f32],
+    k: usize,
+    n: usize,
+    pw: &PackedWeight,
+    bias: Option<&[f32]>,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    out: DisjointMut<f32>,
+) {
+    if cols.is_empty() || rows.is_empty() {
+        return;
+    }
+    assert!(cols.start.is_multiple_of(GROUP) && cols.end <= n && pw.n == n && pw.k == k);
+    assert!(x.len() >= rows.end * k);
+    let mr = stream_mr(plan.tile.mr);
+    let nc = plan.tile.nc.max(2 * GROUP).div_ceil(2 * GROUP) * 2 * GROUP;
+    let mut n0 = cols.start;
+    while n0 < cols.end {
+        let n1 = (n0 + nc).min(cols.end);
+        let mut i = rows.start;
+        while i < rows.end {
+            let mi = mr.min(rows.end - i);
+            let mut j = n0;
+            while j < n1 {
+                let width = (2 * GROUP).min(n1 - j);
+                let (g0, g1) = (j / GROUP, (j + width - 1) / GROUP);
+                // Rows of the call whose results are kept: j .. j + width (lanes past a
+                // single group repeat group 0 and are dropped).
+                let live = (u32::MAX >> (32 - width)) as u16;
+                let vals = tile16(pw, mi, x, k, i, g0, g1, live);
+                for (a, v) in vals.iter().enumerate().take(mi) {
+                    super::write_row(out, n, i + a, j, &v[..width], bias);
+                }
+                j += width;
+            }
+            i += mi;
+        }
+        n0 = n1;
+    }
+}
+
+/// One call of the AVX-512 kernel: activation rows `i0 .. i0 + mr` with groups `g0`, `g1`.
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+fn tile16(
+    pw: &PackedWeight,
+    mr: usize,
+    x: &[f32],
+    k: usize,
+    i0: usize,
+    g0: usize,
+    g1: usize,
+    live: u16,
+) -> [[f32; 16]; 2] {
+    use crate::x86::avx512_exact as ax;
+    assert!(crate::isa::avx512_exact() && g0 < pw.groups && g1 < pw.groups);
+    assert!(mr <= 2 && (i0 + mr) * k <= x.len() && pw.blocks * 32 == k);
+    let group = |g: usize| pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
+    let (r0, r1) = (group(g0), group(g1));
+    macro_rules! run {
+        ($DT:expr, $MR:literal) => {{
+            let xp: [*const f32; $MR] = std::array::from_fn(|a| x[(i0 + a) * k..].as_ptr());
+            // SAFETY: AVX-512 F/BW/VL, GFNI, AVX2, FMA and F16C checked (asserted above);
+            // each activation row holds k = 32 · blocks values and each group `blocks`
+            // records of the weight's format (asserted: groups and blocks of `pw`).
+            let r = unsafe { ax::stream16::<{ $DT }, $MR>(xp, r0, r1, pw.blocks, live) };
+            let mut v = [[0f32; 16]; 2];
+            v[..$MR].copy_from_slice(&r);
+            v
+        }};
+    }
+    match (pw.dtype, mr) {
+        (DType::Q4_0, 1) => run!(ax::Q4_0, 1),
+        (DType::Q4_0, _) => run!(ax::Q4_0, 2),
+        (DType::Q4_1, 1) => run!(ax::Q4_1, 1),
+        (DType::Q4_1, _) => run!(ax::Q4_1, 2),
+        (DType::Q8_0, 1) => run!(ax::Q8_0, 1),
+        (DType::Q8_0, _) => run!(ax::Q8_0, 2),
+        (d, _) => unreachable!("{d} has no repack"),
+    }
+}
+
+/// Dequantizes elements `k0..k1` (multiples of 32) of weight rows `r0..r0 + live` from the
+/// records into `dst` as `[step][nr][8]` (rows `live..nr` zero), as `super::pack` does from
+/// the stored rows.
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn pack(
+    pw: &PackedWeight,
+    r0: usize,
+    live: usize,
+    nr: usize,
+    k0: usize,
+    k1: usize,
+    dst: &mut [f32],
+) {
+    use crate::x86::avx2_exact as ax;
+    assert!(
+        dst.len() == nr * (k1 - k0) && k0.is_multiple_of(32) && k1.is_multiple_of(32) && k1 <= pw.k
+    );
+    assert!(live >= 1 && r0 + live <= pw.n && crate::Isa::active() == crate::Isa::Avx2Fma);
+    let src = |b: usize| {
+        let r = r0 + b.min(live - 1);
+        (
+            pw.data[r / GROUP * pw.blocks * pw.record_bytes..].as_ptr(),
+            r % GROUP,
+        )
+    };
+    macro_rules! run {
+        ($DT:expr, $NR:literal) => {{
+            let recs: [*const u8; $NR] = std::array::from_fn(|b| src(b).0);
+            let cs: [usize; $NR] = std::array::from_fn(|b| src(b).1);
+            // SAFETY: AVX2+FMA+F16C checked via `Isa` (asserted); every row's group has
+            // `blocks ≥ k1 / 32` records; `dst` holds nr · (k1 − k0) values (asserted).
+            unsafe {
+                ax::pack_panel_records::<{ $DT }, $NR>(
+                    recs,
+                    cs,
+                    pw.record_bytes,
+                    live,
+                    k0,
+                    k1,
+                    dst.as_mut_ptr(),
+                )
+            };
+            return;
+        }};
+    }
+    macro_rules! nrs {
+        ($DT:expr) => {
+            match nr {
+                2 => run!($DT, 2),
+                3 => run!($DT, 3),
+                4 => run!($DT, 4),
+                _ => unreachable!("packed nr {nr}"),
+            }
+        };
+    }
+    match pw.dtype {
+        DType::Q4_0 => nrs!(ax::Q4_0),
+        DType::Q4_1 => nrs!(ax::Q4_1),
+        DType::Q8_0 => nrs!(ax::Q8_0),
+        d => unreachable!("{d} has no repack"),
+    }
+}

@@ -1,0 +1,240 @@
+//! The exact kernels on repacked weights (`records`: the AVX-512 stream kernel where it
+//! runs, and the packed kernel's panels from records on AVX2) against the panel kernel on
+//! the same weights as stored, bitwise: awkward shapes (rows not multiples of 8 or 16,
+//! primes, stacked parts, splits of N and M) and blocks whose scales force either
+//! dequantization path (zero, negative, subnormal, huge, infinite and NaN scales).
+
+use proptest::prelude::*;
+use rand::{Rng, SeedableRng};
+use tessera_core::tensor::quantize_row;
+use tessera_core::{DType, TensorBytes, WeightTensor};
+use tessera_runtime::ThreadPool;
+
+use super::tests::{acts, plan, reference, run};
+use super::*;
+use crate::plan::F32Kernel;
+
+const BLOCKED: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
+
+/// The same rows as stored (`false`) and repacked (`true`), `parts` tensors stacked.
+fn pair(dtype: DType, rows: Vec<Vec<u8>>, k: usize, parts: usize) -> (GemmWeight, GemmWeight) {
+    let n = rows.len();
+    let make = |repack: bool| {
+        let mut tensors = vec![];
+        for p in 0..parts {
+            let r = tessera_runtime::split_range(n, parts, p);
+            if r.is_empty() {
+                continue;
+            }
+            let bytes: Vec<u8> = rows[r.clone()].concat();
+            tensors.push(
+                WeightTensor::new("w", dtype, vec![r.len(), k], TensorBytes::owned(&bytes))
+                    .unwrap(),
+            );
+        }
+        GemmWeight::stacked(tensors, repack).unwrap()
+    };
+    let (stored, repacked) = (make(false), make(true));
+    assert!(repacked.packed.is_some());
+    (stored, repacked)
+}
+
+fn quantized_rows(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<Vec<u8>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let row: Vec<f32> = (0..k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            quantize_row(dtype, &row)
+        })
+        .collect()
+}
+
+/// Rows of random quants with awkward f16 scales (and minimums). Each block index gets a
+/// class shared by all rows, so both dequantization paths run with every kind of value:
+/// positive finite scales of every size (the magic-exponent path when `C` is exact; for
+/// Q4_1 minimums up to 20 binades from `16d` make some `C` inexact), or per-row values that
+/// include zero, negative, infinite and NaN scales (the general path).
+fn awkward_rows(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<Vec<u8>> {
+    const POSITIVE: [u16; 6] = [
+        0x2e66, // 0.1
+        0x3c00, // 1
+        0x0001, // smallest subnormal
+        0x03ff, // largest subnormal
+        0x7bff, // 65504
+        0x1400, // 2^-10
+    ];
+    const OTHER: [u16; 6] = [
+        0x0000, // +0
+        0x8000, // -0
+        0xae66, // -0.1
+        0x7c00, // +inf
+        0xfc00, // -inf
+        0x7e00, // NaN
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let bb = dtype.block_bytes();
+    let blocks = k / 32;
+    let class: Vec<bool> = (0..blocks).map(|_| rng.gen_bool(0.7)).collect();
+    (0..n)
+        .map(|_| {
+            let mut row = vec![0u8; blocks * bb];
+            rng.fill(&mut row[..]);
+            for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
+                let d = if class[b] || rng.gen_bool(0.5) {
+                    POSITIVE[rng.gen_range(0..POSITIVE.len())]
+                } else {
+                    OTHER[rng.gen_range(0..OTHER.len())]
+                };
+                blk[0..2].copy_from_slice(&d.to_le_bytes());
+                if dtype == DType::Q4_1 {
+                    let m: u16 = match rng.gen_range(0..4) {
+                        0 => 0x8000 | (d & 0x7fff), // -d
+                        1 => 0x8000 | rng.gen_range(0x0000u16..0x7c00),
+                        2 => rng.gen_range(0x0000u16..0x7c00),
+                        _ => 0xc800 | rng.gen_range(0u16..0x400), // about -8
+                    };
+                    let m = if class[b] || rng.gen_bool(0.7) {
+                        m
+                    } else {
+                        OTHER[rng.gen_range(0..6)]
+                    };
+                    blk[2..4].copy_from_slice(&m.to_le_bytes());
+                }
+            }
+            row
+        })
+        .collect()
+}
+
+/// Bitwise equality, NaNs equal to NaNs (payloads may differ between conversions).
+fn same(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+    #[test]
+    fn stream_on_records_equals_panel_bitwise(
+        m in 1usize..6, n in 1usize..45, kb in 1usize..6, d in 0usize..3, mr in 1usize..5,
+        nc in 1usize..50, units in 1usize..4, parts in 1usize..4, awkward in any::<bool>(),
+    ) {
+        let dtype = BLOCKED[d];
+        let k = 32 * kb;
+        let seed = (n * 131 + k + d) as u64;
+        let rows = if awkward {
+            awkward_rows(dtype, n, k, seed)
+        } else {
+            quantized_rows(dtype, n, k, seed)
+        };
+        let (stored, repacked) = pair(dtype, rows, k, parts);
+        let x = acts(m, k, (m * 7 + d) as u64);
+        let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let pool = ThreadPool::new(units);
+        let want = reference(&pool, &x, m, &stored, Some(&bias));
+        for par in [(1, units), (units.min(m), 1)] {
+            let p = plan(F32Kernel::Stream, mr, 4, m, nc, k, par);
+            let got = run(&p, &pool, &x, m, &repacked, Some(&bias));
+            prop_assert!(same(&got, &want), "{} mr={} nc={} {:?}\n{:?}\n{:?}", dtype, mr, nc, par, got, want);
+        }
+    }
+
+    #[test]
+    fn packed_on_records_equals_panel_bitwise(
+        m in 1usize..20, n in 1usize..30, kb in 1usize..6, d in 0usize..3, mr in 1usize..10,
+        nr in 2usize..5, mc in 1usize..12, nc in 1usize..20, kcb in 0usize..3,
+        units in 1usize..4, awkward in any::<bool>(),
+    ) {
+        let dtype = BLOCKED[d];
+        let k = 32 * kb;
+        let seed = (n * 17 + k + d) as u64;
+        let rows = if awkward {
+            awkward_rows(dtype, n, k, seed)
+        } else {
+            quantized_rows(dtype, n, k, seed)
+        };
+        let (stored, repacked) = pair(dtype, rows, k, 1 + d % 2);
+        let x = acts(m, k, (m * 3 + d) as u64);
+        let pool = ThreadPool::new(units);
+        let want = reference(&pool, &x, m, &stored, None);
+        let kc = 32 * kcb;
+        let p = plan(F32Kernel::Packed, mr, nr, mc, nc, kc, (1, units));
+        let got = run(&p, &pool, &x, m, &repacked, None);
+        prop_assert!(same(&got, &want), "{} {}x{} mc={} nc={} kc={}", dtype, mr, nr, mc, nc, kc);
+    }
+
+    /// A row alone (stream, M = 1) equals the same row in a batch (stream at M = 2..5, and
+    /// packed), all on the repacked weight.
+    #[test]
+    fn rows_on_records_are_batch_invariant(
+        m in 2usize..6, n in 1usize..40, kb in 1usize..4, d in 0usize..3, pick in 0usize..1000,
+    ) {
+        let dtype = BLOCKED[d];
+        let k = 32 * kb;
+        let (_, w) = pair(dtype, quantized_rows(dtype, n, k, 3), k, 2);
+        let x = acts(m, k, pick as u64);
+        let row = pick % m;
+        let pool = ThreadPool::new(2);
+        let one = run(&plan(F32Kernel::Stream, 1, 4, 1, 32, k, (1, 2)), &pool, &x[row * k..(row + 1) * k], 1, &w, None);
+        for p in [
+            plan(F32Kernel::Stream, 2, 4, m, 16, k, (1, 2)),
+            plan(F32Kernel::Packed, 3, 4, 8, 16, 32, (1, 2)),
+        ] {
+            let all = run(&p, &pool, &x, m, &w, None);
+            prop_assert_eq!(&all[row * n..(row + 1) * n], &one[..]);
+        }
+    }
+}
+
+/// With one-hot activations each output is one dequantized weight: every weight of awkward
+/// rows through the stream kernel (where it runs on the records) equals the stored rows'
+/// through the panel kernel, bit for bit.
+#[test]
+fn stream_on_records_dequantizes_every_weight_like_the_reference() {
+    for dtype in BLOCKED {
+        for (n, k, seed) in [
+            (16, 128, 1),
+            (23, 96, 2),
+            (8, 320, 3),
+            (40, 64, 4),
+            (5, 32, 5),
+        ] {
+            let (stored, repacked) = pair(dtype, awkward_rows(dtype, n, k, seed), k, 2);
+            let mut x = vec![0f32; k * k];
+            for t in 0..k {
+                x[t * k + t] = 1.0;
+            }
+            let pool = ThreadPool::new(2);
+            let want = reference(&pool, &x, k, &stored, None);
+            for mr in [1, 2] {
+                let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
+                let got = run(&p, &pool, &x, k, &repacked, None);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                        "{dtype} n={n} k={k} mr={mr}: weight {} of row {}: {g} vs {w}",
+                        i / n,
+                        i % n
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// On AVX-512 the exact path repacks at load, and the stream kernel runs on the records.
+#[test]
+fn repack_policy_follows_the_isa() {
+    use crate::plan::Precision;
+    assert!(crate::wants_repack(Precision::Fast));
+    assert_eq!(
+        crate::wants_repack(Precision::Exact),
+        crate::isa::avx512_exact()
+    );
+    if crate::isa::avx512_exact() {
+        assert_eq!(Isa::active(), Isa::Avx2Fma);
+        assert!(Isa::active().name().contains("avx512"));
+    }
+}

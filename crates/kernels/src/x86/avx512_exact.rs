@@ -1,0 +1,321 @@
+//! AVX-512 (F, BW, VL) + GFNI form of the exact family's stream kernel (small M), over the
+//! 8-row interleaved repack of block-quantized weights (`crate::packed`, built at load when
+//! this kernel runs, see `crate::wants_repack`).
+//!
+//! One call computes 16 weight rows (two 8-row groups: lanes 0..8 of every 512-bit register
+//! are group 0's rows, lanes 8..16 group 1's) against `MR` activation rows. Output element
+//! `(m, row)`'s 8 canonical lanes live in 8 accumulators, one per lane `l`, at position
+//! `row`: chunk `c` of block `b` adds `x[m][32b + 8c + l] · w[row][32b + 8c + l]` to
+//! accumulator `l` with one FMA (`x` broadcast), chunks in order; at the end the canonical
+//! lane tree is 7 vector additions (`h_l = acc_l + acc_{l+4}`, `q_0 = h_0 + h_2`,
+//! `q_1 = h_1 + h_3`, `s = q_0 + q_1`). So every element is computed exactly as
+//! `avx2::tile_f32` computes it on the dequantized row: same products, same order, FMA.
+//!
+//! Dequantization (bit-identical to `tessera_core::tensor::dequantize_row`). Per block, when
+//! the 16 rows' scales allow it (the common case, decided per block, see `fast_block`), one
+//! in-lane byte shuffle builds each vector of weights as floats `F = B + u` directly ("magic
+//! exponent": the quant bits are placed in a float's mantissa under a fixed exponent), and
+//! one FMA `F · d + C` finishes it, `C` chosen so that `F · d + C` is exactly the reference's
+//! unrounded value and the FMA's one rounding is the reference's:
+//! - Q4_1: `F = 16 + q`, `C = m − 16d`: `F·d + C = q·d + m` (exact if `C` is, checked with
+//!   TwoSum); the reference rounds `q·d` (exact) and then `+ m` once.
+//! - Q4_0: `F = 16 + q`, `C = −24d` (exact): `F·d + C = (q − 8)·d`, rounded once as the
+//!   reference's product.
+//! - Q8_0: `F = 2^15 + (q + 128)`, `C = −(2^15 + 128)·d` (exact): `F·d + C = q·d`.
+//!
+//! These need `d > 0` and finite (then an exact zero comes out `+0`, as the reference's
+//! `q·d` with `q = 0` and `d > 0`). A block where any live row has `d ≤ 0`, `d` not finite,
+//! or (Q4_1) an inexact or non-finite `C` takes the general path instead: quants widened to
+//! 32-bit integers, converted, then the reference's own operations (`q·d + m` as one FMA,
+//! `(q − 8)·d`, `d·q`), as `avx2_exact::decode_group`.
+//!
+//! Invariants shared by every function: the caller has verified AVX2, FMA, F16C, AVX-512
+//! F/BW/DQ/VL and GFNI (`crate::isa::avx512_exact`); pointers are valid for the lengths
+//! documented; loads are unaligned.
+
+use std::arch::x86_64::*;
+
+pub use super::avx2_exact::{Q4_0, Q4_1, Q8_0};
+
+/// Bytes of one record (8 rows × 32 elements) and the offsets of its d and m (`crate::packed`).
+pub const fn record_geometry(dt: u8) -> (usize, usize, usize) {
+    match dt {
+        Q4_0 => (144, 128, 0),
+        Q4_1 => (160, 128, 144),
+        _ => (272, 256, 0),
+    }
+}
+
+/// Hides a constant from LLVM's shuffle combining, which would otherwise rewrite one masked
+/// byte shuffle with a constant into two instructions.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn opaque(mut v: __m512i) -> __m512i {
+    // SAFETY: an empty asm block that only claims to change `v`; no memory, no stack.
+    std::arch::asm!("/* {0} */", inout(zmm_reg) v, options(pure, nomem, nostack));
+    v
+}
+
+/// `vpshufb` control putting byte `j` of each 4-byte row slot at byte `pos` of that row's
+/// dword and zeros (index bit 7) in its other bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn spread(j: usize, pos: usize) -> __m512i {
+    let mut v = [0x80u8; 64];
+    for (i, b) in v.iter_mut().enumerate() {
+        if i % 4 == pos {
+            *b = (i / 4 % 4 * 4 + j) as u8;
+        }
+    }
+    opaque(_mm512_loadu_si512(v.as_ptr().cast()))
+}
+
+/// GFNI affine matrix whose output bit `i` is input bit `src(i)` (or 0).
+fn gf_matrix(src: impl Fn(usize) -> Option<usize>) -> i64 {
+    let mut mat = 0u64;
+    for i in 0..8 {
+        if let Some(s) = src(i) {
+            mat |= (1u64 << s) << (8 * (7 - i));
+        }
+    }
+    mat as i64
+}
+
+/// The 16 rows' f16 values at byte `off` of both records, converted (exactly).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn halves16(r0: *const u8, r1: *const u8, off: usize) -> __m512 {
+    let lo = _mm_loadu_si128(r0.add(off).cast());
+    let hi = _mm_loadu_si128(r1.add(off).cast());
+    _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+}
+
+/// Bytes `32v .. 32v + 32` of both records: 4 bytes per row, rows 0..8 of group 0 then of
+/// group 1 (each 128-bit lane holds 4 rows).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+unsafe fn quads16(r0: *const u8, r1: *const u8, v: usize) -> __m512i {
+    let lo = _mm256_loadu_si256(r0.add(32 * v).cast());
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(lo),
+        _mm256_loadu_si256(r1.add(32 * v).cast()),
+    )
+}
+
+/// Shuffle controls and constants, built once per call.
+struct Consts {
+    /// `spread(j, 2)`, `spread(j, 0)` (4-bit), `spread(j, 1)`, `spread(j, 3)` (Q8_0).
+    fast: [__m512i; 4],
+    slow: [__m512i; 4],
+    magic: __m512i,
+    lo: __m512i,
+    hi: __m512i,
+}
+
+impl Consts {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn new<const DT: u8>() -> Consts {
+        let (fast_pos, slow_pos, magic) = if DT == Q8_0 {
+            (1, 3, 0x4700_0000)
+        } else {
+            (2, 0, 0x4100_0000)
+        };
+        Consts {
+            fast: std::array::from_fn(|j| spread(j, fast_pos)),
+            slow: std::array::from_fn(|j| spread(j, slow_pos)),
+            magic: opaque(_mm512_set1_epi32(magic)),
+            lo: _mm512_set1_epi64(gf_matrix(|i| (3..7).contains(&i).then(|| i - 3))),
+            hi: _mm512_set1_epi64(gf_matrix(|i| (3..7).contains(&i).then(|| i + 1))),
+        }
+    }
+}
+
+/// Adds `x[m][e] · w` to accumulator `l` of every activation row.
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn feed<const MR: usize>(
+    acc: &mut [[__m512; 8]; MR],
+    x: &[*const f32; MR],
+    e: usize,
+    l: usize,
+    w: __m512,
+) {
+    for m in 0..MR {
+        acc[m][l] = _mm512_fmadd_ps(_mm512_set1_ps(*x[m].add(e)), w, acc[m][l]);
+    }
+}
+
+/// Whether a block's scales allow the magic-exponent path for every live row (`live` has a
+/// bit per lane), and the block's `C` for it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
+unsafe fn fast_block<const DT: u8>(d: __m512, m: __m512, live: u16) -> (bool, __m512) {
+    let zero = _mm512_setzero_ps();
+    let pos = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, zero)
+        & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(d, _mm512_set1_ps(f32::INFINITY));
+    let (ok, c) = match DT {
+        Q4_1 => {
+            let sixteen = _mm512_set1_ps(16.0);
+            // c = m − 16d rounded; TwoSum(m, −16d) gives its exact error (NaN if anything
+            // is not finite), so err == 0 ⇔ c is exact.
+            let b = _mm512_mul_ps(_mm512_set1_ps(-16.0), d);
+            let c = _mm512_fnmadd_ps(sixteen, d, m);
+            let bb = _mm512_sub_ps(c, m);
+            let err = _mm512_add_ps(_mm512_sub_ps(m, _mm512_sub_ps(c, bb)), _mm512_sub_ps(b, bb));
+            (pos & _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(err, zero), c)
+        }
+        Q4_0 => (pos, _mm512_mul_ps(_mm512_set1_ps(-24.0), d)),
+        _ => (pos, _mm512_mul_ps(_mm512_set1_ps(-32896.0), d)),
+    };
+    ((ok | !live) == u16::MAX, c)
+}
+
+/// One 4-bit block (Q4_0/Q4_1) of 16 rows into the accumulators.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,gfni,avx2,fma,f16c")]
+unsafe fn block_q4<const DT: u8, const MR: usize>(
+    k: &Consts,
+    acc: &mut [[__m512; 8]; MR],
+    x: &[*const f32; MR],
+    r0: *const u8,
+    r1: *const u8,
+    e0: usize,
+    live: u16,
+) {
+    let (_, d_off, m_off) = record_geometry(DT);
+    let d = halves16(r0, r1, d_off);
+    let m = if DT == Q4_1 {
+        halves16(r0, r1, m_off)
+    } else {
+        _mm512_setzero_ps()
+    };
+    let z: [__m512i; 4] = std::array::from_fn(|v| quads16(r0, r1, v));
+    let (fast, c) = fast_block::<DT>(d, m, live);
+    // Record slice v holds, per row, elements 4v + j (low nibbles) and 16 + 4v + j (high):
+    // chunk ch's lanes 0..4 come from slice 2·(ch % 2), lanes 4..8 from the next one.
+    if fast {
+        for ch in 0..4 {
+            for half in 0..2 {
+                let zv = z[2 * (ch % 2) + half];
+                // Each byte becomes 0x80 | nibble << 3: with 0x41 above it, 16 + nibble.
+                let s = if ch < 2 {
+                    _mm512_gf2p8affine_epi64_epi8::<0x80>(zv, k.lo)
+                } else {
+                    _mm512_gf2p8affine_epi64_epi8::<0x80>(zv, k.hi)
+                };
+                for (j, shj) in k.fast.iter().enumerate() {
+                    let f = _mm512_mask_shuffle_epi8(k.magic, 0x4444_4444_4444_4444, s, *shj);
+                    let w = _mm512_fmadd_ps(_mm512_castsi512_ps(f), d, c);
+                    feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+                }
+            }
+        }
+    } else {
+        let nib = _mm512_set1_epi8(0x0f);
+        for ch in 0..4 {
+            for half in 0..2 {
+                let zv = z[2 * (ch % 2) + half];
+                let s = if ch < 2 {
+                    _mm512_and_si512(zv, nib)
+                } else {
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(zv), nib)
+                };
+                for (j, shj) in k.slow.iter().enumerate() {
+                    let q = _mm512_shuffle_epi8(s, *shj);
+                    let w = if DT == Q4_1 {
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), d, m)
+                    } else {
+                        let q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
+                    };
+                    feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+                }
+            }
+        }
+    }
+}
+
+/// One Q8_0 block of 16 rows into the accumulators.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,gfni,avx2,fma,f16c")]
+unsafe fn block_q8<const MR: usize>(
+    k: &Consts,
+    acc: &mut [[__m512; 8]; MR],
+    x: &[*const f32; MR],
+    r0: *const u8,
+    r1: *const u8,
+    e0: usize,
+    live: u16,
+) {
+    let (_, d_off, _) = record_geometry(Q8_0);
+    let d = halves16(r0, r1, d_off);
+    let (fast, c) = fast_block::<Q8_0>(d, _mm512_setzero_ps(), live);
+    // Record slice v holds, per row, elements 4v + j: chunk v / 2, lanes 4·(v % 2) + j.
+    if fast {
+        let flip = _mm512_set1_epi8(-128);
+        for v in 0..8 {
+            // q + 128 as a byte, under 0x47 0x00: the float 2^15 + q + 128.
+            let s = _mm512_xor_si512(quads16(r0, r1, v), flip);
+            for (j, shj) in k.fast.iter().enumerate() {
+                let f = _mm512_mask_shuffle_epi8(k.magic, 0x2222_2222_2222_2222, s, *shj);
+                let w = _mm512_fmadd_ps(_mm512_castsi512_ps(f), d, c);
+                feed(acc, x, e0 + 4 * v + j, 4 * (v % 2) + j, w);
+            }
+        }
+    } else {
+        for v in 0..8 {
+            let s = quads16(r0, r1, v);
+            for (j, shj) in k.slow.iter().enumerate() {
+                // The byte at the top of its dword, shifted down with its sign.
+                let q = _mm512_shuffle_epi8(s, *shj);
+                let q = _mm512_srai_epi32::<24>(q);
+                let w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
+                feed(acc, x, e0 + 4 * v + j, 4 * (v % 2) + j, w);
+            }
+        }
+    }
+}
+
+/// Canonical dot products of `MR` activation rows `x[m]` (f32, `32 · blocks` each) with the
+/// 16 rows of two 8-row groups whose records start at `r0` and `r1` (`blocks` consecutive
+/// records each; `r1 == r0` is allowed, its results then repeat group 0's). `live` has a bit
+/// per row whose result the caller keeps (padding rows of a last group are not live: their
+/// scales do not decide the path). Returns `[m][row]`, rows of group 0 then group 1.
+///
+/// # Safety
+/// The CPU features above; `x[m]` valid for `32 · blocks` reads; `r0`, `r1` for `blocks`
+/// records of format `DT` (`record_geometry`).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,gfni,avx2,fma,f16c")]
+pub unsafe fn stream16<const DT: u8, const MR: usize>(
+    x: [*const f32; MR],
+    r0: *const u8,
+    r1: *const u8,
+    blocks: usize,
+    live: u16,
+) -> [[f32; 16]; MR] {
+    let (rb, _, _) = record_geometry(DT);
+    let k = Consts::new::<DT>();
+    let mut acc = [[_mm512_setzero_ps(); 8]; MR];
+    for b in 0..blocks {
+        let (p0, p1) = (r0.add(b * rb), r1.add(b * rb));
+        // Each group's records are one stream: fetch four records ahead (a hint; never
+        // faults, wrapping arithmetic without a dereference).
+        for line in (0..rb).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(p0.wrapping_add(4 * rb + line).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p1.wrapping_add(4 * rb + line).cast());
+        }
+        match DT {
+            Q8_0 => block_q8::<MR>(&k, &mut acc, &x, p0, p1, 32 * b, live),
+            _ => block_q4::<DT, MR>(&k, &mut acc, &x, p0, p1, 32 * b, live),
+        }
+    }
+    let mut out = [[0f32; 16]; MR];
+    for m in 0..MR {
+        let a = &acc[m];
+        let h: [__m512; 4] = std::array::from_fn(|l| _mm512_add_ps(a[l], a[l + 4]));
+        let s = _mm512_add_ps(_mm512_add_ps(h[0], h[2]), _mm512_add_ps(h[1], h[3]));
+        _mm512_storeu_ps(out[m].as_mut_ptr(), s);
+    }
+    out
+}

@@ -11,8 +11,9 @@
 //! attends keys `0..n`) walks the key blocks `[0, B), [B, 2B), …` in increasing order
 //! ([`KEY_BLOCK`] = B), the last one cut at `n`. In a block with `c` valid keys its scores
 //! are the crate's canonical dot products times `scale`; `m' = max(m, max(scores))`;
-//! `p = exp(score - m')` over exactly those `c` scores ([`crate::math::exp_in_place`]);
-//! `α = exp(m - m')` (0 for the first block); `l = l·α + Σp` summed in key order;
+//! `p = exp(score - m')` (the vector `exp` on AVX2, its scalar twin on the portable path);
+//! `α = exp(m - m')` (0 for the first block); `l = l·α + Σp`, the sum in 8 lanes (lane
+//! `j % 8`, keys in order) reduced by the canonical lane tree;
 //! `acc = acc·α`, then `acc += p_j·v_j` for `j` in key order (FMA on AVX2, multiply-then-add
 //! on the portable path). The output is `acc · (1/l)`. None of it depends on the other rows
 //! of the tile (their limits only decide which blocks the tile walks, and a row skips the
@@ -26,12 +27,13 @@
 
 use half::f16;
 
-use crate::generic::dot_f32;
-use crate::math::{exp_in_place, exp_scalar};
+use crate::generic::{dot_f32, reduce_lanes, LANES};
+use crate::math::exp_scalar;
 use crate::Isa;
 
 /// Keys per block of the online softmax. Fixed: a row's arithmetic depends on it.
 pub const KEY_BLOCK: usize = 32;
+const _: () = assert!(KEY_BLOCK % 4 == 0, "score tiles are 4 keys wide");
 
 /// One layer's K or V buffer as stored.
 #[derive(Debug, Clone, Copy)]
@@ -153,8 +155,8 @@ pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScrat
         let (kbuf, vbuf, offs): (&[f32], &[f32], &[usize]) = match (tile.k, tile.v) {
             (KvRows::F32(k), KvRows::F32(v)) => (k, v, &tile.offs[b0..b0 + bn]),
             _ => {
-                convert_block(isa, tile.k, &tile.offs[b0..b0 + bn], hd, kblk);
-                convert_block(isa, tile.v, &tile.offs[b0..b0 + bn], hd, vblk);
+                convert_rows(isa, tile.k, &tile.offs[b0..b0 + bn], hd, kblk);
+                convert_rows(isa, tile.v, &tile.offs[b0..b0 + bn], hd, vblk);
                 blk_offs.clear();
                 blk_offs.extend((0..bn).map(|j| j * hd));
                 (kblk, vblk, blk_offs)
@@ -168,11 +170,8 @@ pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScrat
             if c == 0 {
                 continue;
             }
-            let sc = &mut scores[r * KEY_BLOCK..r * KEY_BLOCK + c];
-            let m_new = sc.iter().copied().fold(m[r], f32::max);
-            sc.iter_mut().for_each(|x| *x -= m_new);
-            exp_in_place(sc);
-            let sum = sc.iter().fold(0f32, |a, &p| a + p);
+            let (m_new, sum) =
+                softmax_step(isa, &mut scores[r * KEY_BLOCK..r * KEY_BLOCK + c], m[r]);
             alpha[r] = if m[r] == f32::NEG_INFINITY {
                 0.0
             } else {
@@ -194,6 +193,26 @@ pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScrat
             *o = a * inv;
         }
     }
+}
+
+/// One row's online-softmax step over its block scores `s`: returns `m' = max(m, s)` and
+/// `Σ exp(s - m')`, leaving the exponentials in `s`. The sum runs in 8 lanes (lane `j % 8`,
+/// keys in order from zero) reduced by the canonical lane tree, on both ISAs.
+fn softmax_step(isa: Isa, s: &mut [f32], m: f32) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        // SAFETY: AVX2+FMA checked by the caller's ISA; `s` is a live slice of its length
+        // (at least 1: only rows with valid keys get here).
+        return unsafe { crate::x86::avx2_attn::softmax_step(s.as_mut_ptr(), s.len(), m) };
+    }
+    let _ = isa;
+    let m_new = s.iter().copied().fold(m, f32::max);
+    let mut lanes = [0f32; LANES];
+    for (j, x) in s.iter_mut().enumerate() {
+        *x = exp_scalar(*x - m_new);
+        lanes[j % LANES] += *x;
+    }
+    (m_new, reduce_lanes(&lanes))
 }
 
 /// Runs of at most 3 consecutive rows with the same positive count of valid keys in the
@@ -229,21 +248,25 @@ fn block_scores(
     let qrow = |r: usize| &tile.q[r * hd..(r + 1) * hd];
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma {
-        // Rows and keys past the run's end repeat its last one (results dropped).
-        let xs: [*const f32; 3] = std::array::from_fn(|a| qrow(r0 + a.min(nr - 1)).as_ptr());
+        // Rows past the run's end repeat its last one (writing the same values again);
+        // keys past `c` repeat its last one into score slots below KEY_BLOCK that the
+        // softmax never reads (j0 + 4 <= KEY_BLOCK: j0 is a multiple of 4 below c).
+        let a_row = |a: usize| r0 + a.min(nr - 1);
+        let xs: [*const f32; 3] = std::array::from_fn(|a| qrow(a_row(a)).as_ptr());
+        let sp = scores.as_mut_ptr();
+        assert!(scores.len() >= (r0 + nr) * KEY_BLOCK);
         for j0 in (0..c).step_by(4) {
             let nk = (c - j0).min(4);
             let ws: [*const f32; 4] =
                 std::array::from_fn(|b| kbuf[offs[j0 + b.min(nk - 1)]..].as_ptr());
+            // SAFETY (of the `add`): inside `scores`, asserted above.
+            let outs: [*mut f32; 3] =
+                std::array::from_fn(|a| unsafe { sp.add(a_row(a) * KEY_BLOCK + j0) });
             // SAFETY: AVX2+FMA checked by the caller's ISA; every q row holds `hd` values
             // and every key row starts at an offset with `hd` values after it (checked by
-            // `Tile::check`, or built so for converted blocks).
-            let t = unsafe { crate::x86::avx2::tile_f32::<3, 4>(xs, ws, hd) };
-            for a in 0..nr {
-                for b in 0..nk {
-                    scores[(r0 + a) * KEY_BLOCK + j0 + b] = t[a][b] * tile.scale;
-                }
-            }
+            // `Tile::check`, or built so for converted blocks); each output has 4 slots
+            // inside its row of `scores` (see above).
+            unsafe { crate::x86::avx2_attn::scores_3x4(xs, ws, hd, tile.scale, outs) };
         }
         return;
     }
@@ -314,30 +337,34 @@ fn pv_update(
     }
 }
 
-/// The rows at `offs` (`hd` values each) converted to f32, one after another, into `dst`.
-fn convert_block(isa: Isa, src: KvRows, offs: &[usize], hd: usize, dst: &mut Vec<f32>) {
+/// The rows at `offs` (`hd` values each) converted to f32 (exactly), one after another,
+/// into `dst`; F16C on AVX2.
+pub fn convert_rows(isa: Isa, src: KvRows, offs: &[usize], hd: usize, dst: &mut Vec<f32>) {
+    assert!(
+        offs.iter().all(|&o| o + hd <= src.len()),
+        "convert_rows: a row lies outside the buffer"
+    );
     dst.resize(offs.len() * hd, 0.0);
-    for (j, &off) in offs.iter().enumerate() {
-        let d = &mut dst[j * hd..(j + 1) * hd];
-        match src {
-            KvRows::F32(b) => d.copy_from_slice(&b[off..off + hd]),
-            KvRows::F16(b) => f16_to_f32(isa, &b[off..off + hd], d),
+    match src {
+        KvRows::F32(b) => {
+            for (j, &off) in offs.iter().enumerate() {
+                dst[j * hd..(j + 1) * hd].copy_from_slice(&b[off..off + hd]);
+            }
         }
-    }
-}
-
-/// `dst[i] = src[i]` as f32 (exact), with F16C on AVX2.
-pub fn f16_to_f32(isa: Isa, src: &[f16], dst: &mut [f32]) {
-    assert_eq!(src.len(), dst.len());
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
-        // SAFETY: AVX2+F16C checked by the caller's ISA; equal lengths checked above.
-        unsafe { crate::x86::avx2_attn::f16_to_f32(src, dst) };
-        return;
-    }
-    let _ = isa;
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d = s.to_f32();
+        #[cfg(target_arch = "x86_64")]
+        KvRows::F16(b) if isa == Isa::Avx2Fma => {
+            // SAFETY: AVX2+F16C checked by the caller's ISA; rows inside `b` (asserted
+            // above); `dst` holds exactly offs.len() · hd values.
+            unsafe { crate::x86::avx2_attn::f16_rows_to_f32(b, offs, hd, dst) }
+        }
+        KvRows::F16(b) => {
+            let _ = isa;
+            for (j, &off) in offs.iter().enumerate() {
+                for (d, s) in dst[j * hd..(j + 1) * hd].iter_mut().zip(&b[off..off + hd]) {
+                    *d = s.to_f32();
+                }
+            }
+        }
     }
 }
 

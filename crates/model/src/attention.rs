@@ -22,7 +22,7 @@ use crate::kv::KvStorage;
 use crate::prepared::PreparedBatch;
 
 /// Most tokens of one sequence in a query tile.
-pub const TILE_TOKENS: usize = 8;
+pub const TILE_TOKENS: usize = 16;
 
 /// One unit's buffers: the tile's gathered query rows, its output rows, per-row key
 /// limits, key offsets, and the kernel's scratch.

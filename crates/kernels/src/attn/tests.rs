@@ -92,6 +92,17 @@ fn isas() -> Vec<Isa> {
     v
 }
 
+/// The crate's canonical dot product on `isa` (whatever `TESSERA_ISA` says).
+fn canonical_dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2Fma {
+        // SAFETY: `isas()` lists Avx2Fma only when the CPU has it; equal lengths.
+        return unsafe { crate::x86::avx2::dot_f32(a.as_ptr(), b.as_ptr(), a.len()) };
+    }
+    let _ = isa;
+    dot_f32(a, b)
+}
+
 fn run(isa: Isa, t: &Tile) -> Vec<f32> {
     let mut out = vec![f32::NAN; t.limits.len() * t.head_dim];
     attend_on(isa, t, &mut out, &mut AttnScratch::default());
@@ -208,14 +219,23 @@ proptest! {
         }
     }
 
-    /// The F16C conversion is exact (equal to `half`'s) at every length.
+    /// The F16C conversion is exact (equal to `half`'s) for every row length and offset.
     #[test]
-    fn f16_conversion_is_exact(x in proptest::collection::vec(-7e4f32..7e4, 0..40)) {
+    fn f16_conversion_is_exact(
+        x in proptest::collection::vec(-7e4f32..7e4, 1..90),
+        hd in 1usize..20,
+        picks in proptest::collection::vec(0usize..1000, 0..6),
+    ) {
         let h = to_f16(&x);
-        let want: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        let hd = hd.min(h.len());
+        let offs: Vec<usize> = picks.iter().map(|p| p % (h.len() - hd + 1)).collect();
+        let want: Vec<f32> = offs
+            .iter()
+            .flat_map(|&o| h[o..o + hd].iter().map(|v| v.to_f32()))
+            .collect();
         for isa in isas() {
-            let mut got = vec![f32::NAN; h.len()];
-            f16_to_f32(isa, &h, &mut got);
+            let mut got = vec![f32::NAN; 3];
+            convert_rows(isa, KvRows::F16(&h), &offs, hd, &mut got);
             prop_assert_eq!(&got, &want);
         }
     }
@@ -246,4 +266,25 @@ fn rows_without_keys_are_refused() {
     let mut c = case(4, 1, 2, 3, 4, 1, 0, 1.0, 1);
     c.limits[0] = 0;
     run(Isa::Generic, &c.f32_tile());
+}
+
+proptest! {
+    /// Block scores are exactly the canonical dot products times the scale, for every run
+    /// shape and key count (the tiles' padding writes nothing a row reads).
+    #[test]
+    fn scores_are_canonical_dots(hd in head_dim(), nr in 1usize..4, c in 1usize..=KEY_BLOCK, seed in 0u64..100) {
+        let cs = case(hd, nr, 1, KEY_BLOCK, 3, 2, 1, 1.0, seed);
+        let t = cs.f32_tile();
+        for isa in isas() {
+            let mut sc = vec![f32::NAN; nr * KEY_BLOCK];
+            block_scores(isa, &t, (0, nr, c), &cs.k, &cs.offs, &mut sc);
+            for r in 0..nr {
+                for j in 0..c {
+                    let k = &cs.k[cs.offs[j]..cs.offs[j] + hd];
+                    let want = canonical_dot(isa, &cs.q[r * hd..(r + 1) * hd], k) * t.scale;
+                    prop_assert_eq!(sc[r * KEY_BLOCK + j], want, "row {} key {}", r, j);
+                }
+            }
+        }
+    }
 }

@@ -87,7 +87,7 @@ fn assign(
         }
         r = end;
     }
-    items.sort_by(|a, b| b.cost.cmp(&a.cost));
+    items.sort_by_key(|it| std::cmp::Reverse(it.cost));
     let mut per_unit: Vec<Vec<Item>> = vec![Vec::new(); units.max(1)];
     let mut load = vec![0usize; units.max(1)];
     for it in items {

@@ -143,6 +143,7 @@ unsafe fn reduce4(v: [__m256; 4]) -> __m128 {
 /// others and from `v`; each `p[g]` valid for `offs.len()` reads; every
 /// `offs[j] + hd <= v.len()`.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)] // register tiles read clearer indexed
 pub unsafe fn pv_update<const G: usize>(
     acc: [*mut f32; G],
     alpha: [f32; G],

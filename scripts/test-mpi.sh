@@ -38,6 +38,15 @@ for r in 2 3 4; do
     echo "ok: R=$r MPI logits (1 and 3 sub-batches) and greedy text bitwise equal to the local backend"
     passed=$((passed + 1))
 done
+# An f16 KV cache on every rank: the followers allocate theirs in rank 0's dtype.
+$BIN logits --tokens "$tokens" --tp 2 2>/dev/null >"$tmp/local32.json"
+$BIN logits --tokens "$tokens" --tp 2 --kv-dtype f16 2>/dev/null >"$tmp/local16.json"
+"${MPIRUN[@]}" -np 2 $BIN logits --tokens "$tokens" --tp 2 --tp-backend mpi --kv-dtype f16 \
+    2>"$tmp/mpi.err" >"$tmp/mpi16.json" || { cat "$tmp/mpi.err"; fail "mpirun logits, f16 KV"; }
+cmp -s "$tmp/local16.json" "$tmp/mpi16.json" || fail "f16 KV: MPI logits differ from the local backend's"
+! cmp -s "$tmp/local32.json" "$tmp/local16.json" || fail "--kv-dtype f16 changes no logit"
+echo "ok: R=2 f16 KV over MPI bitwise equal to the local backend (and not to f32 KV)"
+passed=$((passed + 1))
 
 # The pid of the tessera process of MPI rank $1 (the newest one).
 rank_pid() {

@@ -116,6 +116,9 @@ pub enum BenchCommand {
         /// value, a build with --features mpi).
         #[arg(long, default_value = "local")]
         tp_backend: String,
+        /// KV cache element type: f32 or f16.
+        #[arg(long, default_value = "f32")]
+        kv_dtype: tessera_engine::KvDtype,
     },
     /// Load generator for an OpenAI-compatible server (Tessera, llama-server, vLLM):
     /// streaming requests; TTFT, TPOT, latency, throughput and goodput.
@@ -310,6 +313,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             split_by,
             tp,
             tp_backend,
+            kv_dtype,
         } => run_model(&ModelConfig {
             model,
             prompt_tokens,
@@ -333,6 +337,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 "mpi" => tessera_engine::TpBackend::Mpi,
                 o => anyhow::bail!("--tp-backend {o:?}: expected local or mpi"),
             },
+            kv_dtype,
         }),
         BenchCommand::Serve {
             url,

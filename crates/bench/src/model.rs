@@ -28,6 +28,7 @@ pub struct ModelConfig {
     /// Tensor-parallel rank counts, each measured in turn.
     pub tp: Vec<usize>,
     pub tp_backend: tessera_engine::TpBackend,
+    pub kv_dtype: tessera_engine::KvDtype,
 }
 
 /// Index of the largest value (first on ties).
@@ -123,6 +124,7 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
         std::time::Duration::from_secs(10),
     )?;
     engine.sub_batching = cfg.sub_batching;
+    engine.kv_dtype = cfg.kv_dtype;
     let c = &engine.config;
     let (pp, tg) = (cfg.prompt_tokens, cfg.gen_tokens);
     let needed = if cfg.tg_after_prompt {
@@ -151,12 +153,13 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
         }
     };
     info(format!(
-        "model {} ({}, {:.1} MiB), {} threads, {tp} tensor-parallel rank(s), precision {}, isa {}, sub-batches {}, loaded in {:.2} s",
+        "model {} ({}, {:.1} MiB), {} threads, {tp} tensor-parallel rank(s), precision {}, KV {}, isa {}, sub-batches {}, loaded in {:.2} s",
         engine.name,
         path.display(),
         engine.weight_bytes as f64 / (1 << 20) as f64,
         cfg.threads,
         cfg.precision,
+        cfg.kv_dtype,
         tessera_engine::isa_name(),
         match cfg.sub_batching {
             SubBatchPolicy::Auto => "chosen per step".to_string(),
@@ -209,6 +212,7 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
                 "pp_comm_share": fin(pc_med),
                 "tg_comm_share": fin(tc_med),
                 "precision": cfg.precision.to_string(),
+                "kv_dtype": cfg.kv_dtype.to_string(),
                 "prompt_tokens": pp,
                 "gen_tokens": tg,
                 "reps": cfg.reps,

@@ -10,7 +10,7 @@ use tessera_engine::engine::default_threads;
 use tessera_engine::generate::generate;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::{
-    store, Engine, GenerateRequest, SamplingParams, SplitBy, SubBatchPolicy, SubBatching,
+    store, Engine, GenerateRequest, KvDtype, SamplingParams, SplitBy, SubBatchPolicy, SubBatching,
 };
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
@@ -69,6 +69,10 @@ pub(crate) struct ModelArgs {
     /// naming it.
     #[arg(long, global = true, default_value_t = 10.0)]
     tp_timeout: f64,
+    /// KV cache element type: `f32`, or `f16` (half the memory per position; values
+    /// rounded to nearest when stored, read back exactly by the attention kernel).
+    #[arg(long, global = true, default_value = "f32")]
+    kv_dtype: KvDtype,
 }
 
 #[derive(Subcommand)]
@@ -249,8 +253,9 @@ pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Eng
     )
     .with_context(|| format!("loading {}", path.display()))?;
     engine.sub_batching = sub_batching;
+    engine.kv_dtype = args.kv_dtype;
     eprintln!(
-        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads{} [{}, {precision}, {}]",
+        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads{} [{}, {precision}, {}, KV {}]",
         engine.name,
         engine.weight_bytes as f64 / 1e6,
         engine.load_secs,
@@ -264,7 +269,8 @@ pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Eng
             "cost model"
         } else {
             "tuned"
-        }
+        },
+        engine.kv_dtype
     );
     Ok(engine)
 }

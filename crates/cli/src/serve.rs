@@ -174,8 +174,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
     eprintln!(
-        "KV cache: {num_blocks} blocks of {block} positions ({:.0} MB), context {max_model_len}",
-        kv.bytes as f64 / 1e6
+        "KV cache: {num_blocks} blocks of {block} positions ({:.0} MB, {}), context {max_model_len}",
+        kv.bytes as f64 / 1e6,
+        engine.kv_dtype
     );
     let name = served_model_name.unwrap_or_else(|| default_model_name(&model, &engine));
     let addr: std::net::SocketAddr = format!("{host}:{port}")

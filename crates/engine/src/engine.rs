@@ -10,7 +10,7 @@ use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_lora::LoraAdapter;
 use tessera_model::{
-    BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, LogitsFor, LogitsView, SeqChunk,
+    BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, Logits, LogitsFor, LogitsView, SeqChunk,
     SubBatching, Workspace,
 };
 use tessera_runtime::ThreadPool;
@@ -38,6 +38,8 @@ pub struct Engine {
     /// How every forward cuts its rows into sub-batches (default: chosen per step under
     /// tensor parallelism, one otherwise).
     pub sub_batching: SubBatchPolicy,
+    /// Element type of every KV cache [`Engine::new_kv`] makes, on every rank (default f32).
+    pub kv_dtype: KvDtype,
     /// Bytes of the weights as stored (mapped, not copied).
     pub weight_bytes: usize,
     pub load_secs: f64,
@@ -217,6 +219,7 @@ impl Engine {
             planner,
             precision,
             sub_batching: SubBatchPolicy::Auto,
+            kv_dtype: KvDtype::F32,
             load_secs: t0.elapsed().as_secs_f64(),
             workspace: Mutex::new((0..ranks).map(|_| Workspace::new()).collect()),
             tp,
@@ -274,7 +277,7 @@ impl Engine {
     }
 
     /// Bytes one KV block of `block_size` positions takes in this process, over every
-    /// local rank (K and V, every layer, f32).
+    /// local rank (K and V, every layer, in [`Engine::kv_dtype`]).
     pub fn kv_bytes_per_block(&self, block_size: usize) -> usize {
         let dims: usize = match &self.tp {
             None => self.config.kv_dim(),
@@ -289,7 +292,7 @@ impl Engine {
             .saturating_mul(self.config.n_layers)
             .saturating_mul(block_size)
             .saturating_mul(dims)
-            .saturating_mul(std::mem::size_of::<f32>())
+            .saturating_mul(self.kv_dtype.bytes())
     }
 
     /// KV storage for every rank (one entry without tensor parallelism). A cache larger
@@ -302,11 +305,16 @@ impl Engine {
             "",
         )?;
         match &self.tp {
-            None => Ok(vec![self.model.new_kv_storage(block_size, num_blocks)?]),
+            None => Ok(vec![self.model.new_kv_storage_of(
+                block_size,
+                num_blocks,
+                self.kv_dtype,
+            )?]),
             Some(g) => g.lock().unwrap_or_else(|e| e.into_inner()).new_kv(
                 &self.config,
                 block_size,
                 num_blocks,
+                self.kv_dtype,
             ),
         }
     }

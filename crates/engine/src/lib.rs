@@ -33,7 +33,7 @@ pub use params::ParamError;
 pub use request::{FinishReason, GenerateRequest, RequestEvent, SubmitError, TokenLogprob};
 pub use sampling::{Sampler, SamplingParams};
 pub use step::{StepEngine, StepOutcome};
-pub use tessera_model::{SplitBy, SubBatching};
+pub use tessera_model::{KvDtype, SplitBy, SubBatching};
 pub use tp::StepMode;
 
 /// KV positions per block, everywhere: the step engines, one-off forwards and `serve`.

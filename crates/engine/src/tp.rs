@@ -20,7 +20,7 @@ use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{
-    shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, Logits, SubBatching, TpLayout,
+    shard_files, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, Logits, SubBatching, TpLayout,
     Workspace,
 };
 use tessera_parallel::link::CommCost;
@@ -359,24 +359,27 @@ impl TpGroup {
             .collect()
     }
 
-    /// One KV storage per rank, each for that rank's KV heads, for a model of `c`.
+    /// One KV storage of `dtype` per rank (all ranks the same dtype), each for that rank's
+    /// KV heads, for a model of `c`.
     pub fn new_kv(
         &mut self,
         c: &tessera_formats::ModelConfig,
         block_size: usize,
         num_blocks: usize,
+        dtype: KvDtype,
     ) -> Result<Vec<KvStorage>> {
         #[cfg(feature = "mpi")]
         if let Some(link) = &mut self.mpi {
             // Rank 0 keeps its shard; the followers allocate theirs under the same tag.
-            let mut kv = KvStorage::new(
+            let mut kv = KvStorage::with_dtype(
                 c.n_layers,
                 self.layout.ranks[0].kv_heads.len() * c.head_dim,
                 block_size,
                 num_blocks,
+                dtype,
             )?;
             kv.tag = link
-                .send_new_kv(&mut self.comm0, block_size, num_blocks)
+                .send_new_kv(&mut self.comm0, block_size, num_blocks, dtype)
                 .map_err(comm_err)?;
             return Ok(vec![kv]);
         }
@@ -384,11 +387,12 @@ impl TpGroup {
             .ranks
             .iter()
             .map(|r| {
-                KvStorage::new(
+                KvStorage::with_dtype(
                     c.n_layers,
                     r.kv_heads.len() * c.head_dim,
                     block_size,
                     num_blocks,
+                    dtype,
                 )
             })
             .collect()

@@ -12,7 +12,7 @@ use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{
-    shard_files, BatchMeta, ExecCtx, KvStorage, LlamaModel, LogitsFor, SeqChunk, SplitBy,
+    shard_files, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, LogitsFor, SeqChunk, SplitBy,
     SubBatching, TpLayout, Workspace,
 };
 use tessera_parallel::overlap::CommThread;
@@ -51,12 +51,17 @@ impl MpiLink {
         comm: &mut dyn Communicator,
         block_size: usize,
         num_blocks: usize,
+        dtype: KvDtype,
     ) -> Result<u64, CommError> {
         self.next_tag += 1;
         let mut msg = vec![NEW_KV];
         put64(&mut msg, self.next_tag);
         put64(&mut msg, block_size as u64);
         put64(&mut msg, num_blocks as u64);
+        msg.push(match dtype {
+            KvDtype::F32 => 0,
+            KvDtype::F16 => 1,
+        });
         comm.broadcast(0, &mut msg)?;
         Ok(self.next_tag)
     }
@@ -138,6 +143,7 @@ enum Message {
         tag: u64,
         block_size: usize,
         num_blocks: usize,
+        dtype: KvDtype,
     },
     Shutdown,
 }
@@ -178,6 +184,11 @@ fn decode(msg: &[u8]) -> Result<Message> {
             tag: r.u64()?,
             block_size: r.u64()? as usize,
             num_blocks: r.u64()? as usize,
+            dtype: match r.u8()? {
+                0 => KvDtype::F32,
+                1 => KvDtype::F16,
+                d => return Err(Error::Other(format!("unknown KV dtype code {d}"))),
+            },
         }),
         SHUTDOWN => Ok(Message::Shutdown),
         k => Err(Error::Other(format!(
@@ -290,8 +301,10 @@ fn follow(
                 tag,
                 block_size,
                 num_blocks,
+                dtype,
             } => {
-                let mut kv = KvStorage::new(c.n_layers, kv_dim, block_size, num_blocks)?;
+                let mut kv =
+                    KvStorage::with_dtype(c.n_layers, kv_dim, block_size, num_blocks, dtype)?;
                 kv.tag = tag;
                 kvs.push(kv);
                 if kvs.len() > 4 {

@@ -59,7 +59,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     //! Invariants: callers checked AVX2+FMA; loads and stores are unaligned and stay within
     //! the slices (the tail is handled by the scalar twin).
     use super::*;
@@ -67,7 +67,7 @@ mod avx2 {
 
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp8(x: __m256) -> __m256 {
+    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
         let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(LO)), _mm256_set1_ps(HI));
         let n = _mm256_floor_ps(_mm256_fmadd_ps(
             x,

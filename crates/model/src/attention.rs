@@ -1,28 +1,101 @@
-//! Causal grouped-query attention over paged KV storage.
+//! Causal grouped-query attention over paged KV storage, tiled flash-style.
 //!
 //! Each new token attends to its own sequence's positions `0..=pos`, read through the
-//! sequence's block table. Work items are (token, KV head) pairs, split statically over the
-//! compute units. For a given query the scores, softmax and weighted sum of V run over
-//! positions in increasing order whatever else is in the batch, so results are
-//! batch-invariant.
+//! sequence's block table. Work items are (query tile, KV head) pairs: a tile is up to
+//! [`TILE_TOKENS`] consecutive rows of one sequence, and its query rows are those tokens ×
+//! the query heads sharing the KV head, so each K/V row the kernel loads serves all of them
+//! ([`tessera_kernels::attn`]). Items are spread over the compute units by a static
+//! longest-first assignment weighted by keys attended (later tiles attend more).
+//!
+//! Batch invariance: the kernel's arithmetic for a query row depends only on its own
+//! position, query and K/V (fixed key blocks from position 0, the last cut at the row's own
+//! limit), never on the tile it lands in, so how rows are tiled or assigned — a prefill
+//! chunk of hundreds of rows or a lone decode token — changes no bit of any result.
 
 use std::cell::RefCell;
-
-use tessera_runtime::{DisjointMut, ThreadPool};
-
 use std::ops::Range;
+
+use tessera_kernels::attn::{attend, AttnScratch, Tile};
+use tessera_runtime::{DisjointMut, ThreadPool};
 
 use crate::kv::KvStorage;
 use crate::prepared::PreparedBatch;
 
+/// Most tokens of one sequence in a query tile.
+pub const TILE_TOKENS: usize = 16;
+
+/// One unit's buffers: the tile's gathered query rows, its output rows, per-row key
+/// limits, key offsets, and the kernel's scratch.
+#[derive(Default)]
+struct Local {
+    q: Vec<f32>,
+    out: Vec<f32>,
+    limits: Vec<usize>,
+    offs: Vec<usize>,
+    attn: AttnScratch,
+}
+
 thread_local! {
-    static SCORES: RefCell<(Vec<f32>, Vec<usize>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static LOCAL: RefCell<Local> = RefCell::new(Local::default());
 }
 
 pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// A work item: rows `rows` (of the step, one sequence's) against KV head `kvh`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Item {
+    rows: Range<usize>,
+    kvh: usize,
+    /// Keys attended, summed over the rows.
+    cost: usize,
+}
+
+/// Tokens per tile: [`TILE_TOKENS`], fewer when the rows would give the units too few
+/// items to share (no effect on any result).
+fn tile_tokens(rows: usize, kv_heads: usize, units: usize) -> usize {
+    (rows * kv_heads / (4 * units.max(1))).clamp(1, TILE_TOKENS)
+}
+
+/// The work items of `rows`, grouped per unit (longest first onto the least loaded unit).
+fn assign(
+    batch: &PreparedBatch,
+    rows: Range<usize>,
+    kv_heads: usize,
+    units: usize,
+) -> Vec<Vec<Item>> {
+    let tile = tile_tokens(rows.len(), kv_heads, units);
+    let mut items = Vec::new();
+    let mut r = rows.start;
+    while r < rows.end {
+        // A tile: up to `tile` consecutive rows of one sequence.
+        let seq = batch.row_seq[r];
+        let mut end = r + 1;
+        while end < rows.end && end - r < tile && batch.row_seq[end] == seq {
+            end += 1;
+        }
+        let cost: usize = batch.positions[r..end].iter().map(|&p| p + 1).sum();
+        for kvh in 0..kv_heads {
+            items.push(Item {
+                rows: r..end,
+                kvh,
+                cost,
+            });
+        }
+        r = end;
+    }
+    items.sort_by_key(|it| std::cmp::Reverse(it.cost));
+    let mut per_unit: Vec<Vec<Item>> = vec![Vec::new(); units.max(1)];
+    let mut load = vec![0usize; units.max(1)];
+    for it in items {
+        let u = (0..load.len()).min_by_key(|&u| load[u]).expect("a unit");
+        load[u] += it.cost;
+        per_unit[u].push(it);
+    }
+    per_unit
 }
 
 /// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every row `t` of
@@ -47,58 +120,51 @@ pub fn attention(
     let q_dim = nh * hd;
     let scale = 1.0 / (hd as f32).sqrt();
     let base = rows.start;
-    let items = rows.len() * nkv;
     let (kbuf, vbuf) = kv.layer(layer);
+    let work = assign(batch, rows, nkv, pool.units());
     let out_ptr = DisjointMut::new(out);
-    let units = pool.units();
     pool.run(|unit| {
-        SCORES.with(|scores| {
-            let (scores, offs) = &mut *scores.borrow_mut();
-            // Items interleaved over units: later tokens attend to more positions, so
-            // contiguous ranges would leave the last unit with most of a prefill's work.
-            for item in (unit..items).step_by(units) {
-                let (t, kvh) = (item / nkv, item % nkv);
-                let row = base + t;
-                let table = batch.table(batch.row_seq[row] as usize);
-                let n = batch.positions[row] + 1;
-                scores.resize(group * n, 0.0);
-                let qh = |h: usize| &q[t * q_stride + h * hd..t * q_stride + (h + 1) * hd];
-                // Element offsets of this head's K/V rows for positions 0..n (block tables
-                // make them non-contiguous across blocks).
-                offs.clear();
-                offs.extend((0..n).map(|p| kv.offset(table, p) + kvh * hd));
-                // Scores of the group's query heads against 4 positions at a time.
-                for h0 in (0..group).step_by(3) {
-                    let nh = (group - h0).min(3);
-                    let hs: [&[f32]; 3] =
-                        std::array::from_fn(|a| qh(kvh * group + h0 + a.min(nh - 1)));
-                    for p0 in (0..n).step_by(4) {
-                        let np = (n - p0).min(4);
-                        let ks: [&[f32]; 4] = std::array::from_fn(|b| {
-                            let off = offs[p0 + b.min(np - 1)];
-                            &kbuf[off..off + hd]
-                        });
-                        tessera_kernels::dot_tile(&hs[..nh], &ks[..np], &mut |a, b, v| {
-                            scores[(h0 + a) * n + p0 + b] = v * scale;
-                        });
-                    }
+        LOCAL.with(|local| {
+            let l = &mut *local.borrow_mut();
+            for it in &work[unit] {
+                let table = batch.table(batch.row_seq[it.rows.start] as usize);
+                // Query rows: the tile's tokens × the group's heads, token-major.
+                l.q.clear();
+                l.limits.clear();
+                for row in it.rows.clone() {
+                    let t = row - base;
+                    let h0 = t * q_stride + it.kvh * group * hd;
+                    l.q.extend_from_slice(&q[h0..h0 + group * hd]);
+                    let n = batch.positions[row] + 1;
+                    l.limits.extend(std::iter::repeat_n(n, group));
                 }
-                for g in 0..group {
-                    tessera_kernels::ops::softmax(&mut scores[g * n..(g + 1) * n]);
-                }
-                let vrows = &vbuf[..];
-                for g0 in (0..group).step_by(3) {
-                    let ng = (group - g0).min(3);
-                    // SAFETY: the (t, head) output slices are owned by this work item alone,
-                    // distinct per head, and inside `out`.
-                    let mut outs: Vec<&mut [f32]> = (g0..g0 + ng)
-                        .map(|g| unsafe { out_ptr.slice(t * q_dim + (kvh * group + g) * hd, hd) })
-                        .collect();
-                    let ws: Vec<&[f32]> =
-                        (g0..g0 + ng).map(|g| &scores[g * n..(g + 1) * n]).collect();
-                    tessera_kernels::weighted_rows(&mut outs, &ws, vrows, offs);
+                let n = l.limits.iter().copied().max().unwrap_or(0);
+                l.offs.clear();
+                l.offs
+                    .extend((0..n).map(|p| kv.offset(table, p) + it.kvh * hd));
+                l.out.resize(l.q.len(), 0.0);
+                let tile = Tile {
+                    head_dim: hd,
+                    scale,
+                    q: &l.q,
+                    limits: &l.limits,
+                    k: kbuf,
+                    v: vbuf,
+                    offs: &l.offs,
+                };
+                attend(&tile, &mut l.out, &mut l.attn);
+                for (i, row) in it.rows.clone().enumerate() {
+                    let t = row - base;
+                    // SAFETY: the (row, head group) output slice is written by this work
+                    // item alone (items are distinct (rows, KV head) pairs) and lies inside
+                    // `out` (rows × q_dim).
+                    let o = unsafe { out_ptr.slice(t * q_dim + it.kvh * group * hd, group * hd) };
+                    o.copy_from_slice(&l.out[i * group * hd..(i + 1) * group * hd]);
                 }
             }
         });
     });
 }
+
+#[cfg(test)]
+mod tests;

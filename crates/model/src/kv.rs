@@ -2,28 +2,125 @@
 //! business (block tables arrive with the batch); allocation, reference counts and prefix
 //! sharing live in the KV bookkeeping, which holds no tensors.
 //!
-//! Layout per layer: `[block][slot][kv_dim]` f32, for K and V separately, so one position's
-//! key for all KV heads is contiguous. The buffers are allocated zeroed and fallibly: a
-//! cache the allocator cannot give is an error, not an abort, and its pages are only
-//! touched as positions are written.
+//! Layout per layer: `[block][slot][kv_dim]` in the storage's [`KvDtype`] (f32, or f16
+//! converted on write and read back exactly as f32 by the attention kernel), for K and V
+//! separately, so one position's key for all KV heads is contiguous. The buffers are
+//! allocated zeroed and fallibly: a cache the allocator cannot give is an error, not an
+//! abort, and its pages are only touched as positions are written.
 
+use std::fmt;
+use std::str::FromStr;
+
+use half::f16;
 use tessera_core::{Error, Result};
+use tessera_kernels::attn::KvRows;
+
+/// Element type of the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KvDtype {
+    #[default]
+    F32,
+    /// IEEE half: half the memory; values rounded to nearest on write, saturating at
+    /// ±65504.
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes per stored value.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+}
+
+impl fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            _ => Err(format!("unknown KV dtype {s:?} (expected f32 or f16)")),
+        }
+    }
+}
+
+/// Element types whose all-zero bytes are the value 0.
+trait ZeroBits: Copy {}
+impl ZeroBits for f32 {}
+impl ZeroBits for f16 {}
 
 /// `n` zeros, or an error when the allocator cannot give them (instead of aborting).
-pub fn zeroed_f32(n: usize) -> Result<Vec<f32>> {
+fn zeroed<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
     if n == 0 {
         return Ok(Vec::new());
     }
-    let too_big = || Error::Config(format!("cannot allocate {n} floats for the KV cache"));
-    let layout = std::alloc::Layout::array::<f32>(n).map_err(|_| too_big())?;
-    // SAFETY: `layout` has a non-zero size (n > 0).
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    let too_big = || Error::Config(format!("cannot allocate {n} values for the KV cache"));
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| too_big())?;
+    // SAFETY: `layout` has a non-zero size (n > 0, and both `ZeroBits` types are sized > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
     if ptr.is_null() {
         return Err(too_big());
     }
-    // SAFETY: `ptr` comes from the global allocator with the layout of `[f32; n]`, so a
-    // `Vec` of capacity `n` may own it; all-zero bytes are `n` valid `0.0` values.
+    // SAFETY: `ptr` comes from the global allocator with the layout of `[T; n]`, so a `Vec`
+    // of capacity `n` may own it; all-zero bytes are `n` valid zeros (`ZeroBits`).
     Ok(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// `n` f32 zeros, or an error when the allocator cannot give them (instead of aborting).
+pub fn zeroed_f32(n: usize) -> Result<Vec<f32>> {
+    zeroed(n)
+}
+
+/// One layer's K or V buffer.
+enum Buf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Buf {
+    fn zeroed(dtype: KvDtype, n: usize) -> Result<Buf> {
+        Ok(match dtype {
+            KvDtype::F32 => Buf::F32(zeroed(n)?),
+            KvDtype::F16 => Buf::F16(zeroed(n)?),
+        })
+    }
+    fn rows(&self) -> KvRows<'_> {
+        match self {
+            Buf::F32(b) => KvRows::F32(b),
+            Buf::F16(b) => KvRows::F16(b),
+        }
+    }
+    fn write(&mut self, off: usize, x: &[f32]) {
+        match self {
+            Buf::F32(b) => b[off..off + x.len()].copy_from_slice(x),
+            // Saturating: a value beyond f16's range is stored as ±65504, not as infinity.
+            Buf::F16(b) => {
+                for (d, &v) in b[off..off + x.len()].iter_mut().zip(x) {
+                    *d = f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()));
+                }
+            }
+        }
+    }
+    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) {
+        match self {
+            Buf::F32(b) => b.copy_within(src, dst),
+            Buf::F16(b) => b.copy_within(src, dst),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -31,15 +128,29 @@ pub struct KvStorage {
     block_size: usize,
     num_blocks: usize,
     kv_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    dtype: KvDtype,
+    k: Vec<Buf>,
+    v: Vec<Buf>,
     /// An identity for storages that live partly elsewhere (other ranks' shards of it).
     pub tag: u64,
 }
 
 impl KvStorage {
-    /// Storage for `num_blocks` blocks of `block_size` positions in each of `layers` layers.
+    /// f32 storage for `num_blocks` blocks of `block_size` positions in each of `layers`
+    /// layers.
     pub fn new(layers: usize, kv_dim: usize, block_size: usize, num_blocks: usize) -> Result<Self> {
+        Self::with_dtype(layers, kv_dim, block_size, num_blocks, KvDtype::F32)
+    }
+
+    /// Storage of `dtype` values for `num_blocks` blocks of `block_size` positions in each
+    /// of `layers` layers.
+    pub fn with_dtype(
+        layers: usize,
+        kv_dim: usize,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Result<Self> {
         if block_size == 0 {
             return Err(Error::Config("KV block size must be positive".into()));
         }
@@ -52,11 +163,12 @@ impl KvStorage {
             block_size,
             num_blocks,
             kv_dim,
+            dtype,
             k: (0..layers)
-                .map(|_| zeroed_f32(per_layer))
+                .map(|_| Buf::zeroed(dtype, per_layer))
                 .collect::<Result<_>>()?,
             v: (0..layers)
-                .map(|_| zeroed_f32(per_layer))
+                .map(|_| Buf::zeroed(dtype, per_layer))
                 .collect::<Result<_>>()?,
         })
     }
@@ -74,9 +186,12 @@ impl KvStorage {
     pub fn layers(&self) -> usize {
         self.k.len()
     }
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
     /// Bytes held (K and V, all layers).
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.num_blocks * self.block_size * self.kv_dim * 4
+        2 * self.k.len() * self.num_blocks * self.block_size * self.kv_dim * self.dtype.bytes()
     }
 
     /// Element offset of `pos` of a sequence with `table`, within one layer's buffer.
@@ -107,21 +222,26 @@ impl KvStorage {
         Ok(())
     }
 
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.k[layer], &self.v[layer])
+    /// Layer `layer`'s K and V buffers, as stored.
+    pub fn layer(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>) {
+        (self.k[layer].rows(), self.v[layer].rows())
     }
 
-    pub fn layer_mut(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
-        (&mut self.k[layer], &mut self.v[layer])
+    /// Stores one position's K and V (all this storage's heads: `kv_dim` values each) at
+    /// element offset `off` of layer `layer` (converted to the storage's dtype).
+    pub fn write(&mut self, layer: usize, off: usize, k: &[f32], v: &[f32]) {
+        assert!(k.len() == self.kv_dim && v.len() == self.kv_dim);
+        self.k[layer].write(off, k);
+        self.v[layer].write(off, v);
     }
 
     /// Copies one block's contents (all layers) to another: copy-on-write for shared prefixes.
     pub fn copy_block(&mut self, from: u32, to: u32) {
         let n = self.block_size * self.kv_dim;
         let (f, t) = (from as usize * n, to as usize * n);
-        for l in 0..self.k.len() {
-            self.k[l].copy_within(f..f + n, t);
-            self.v[l].copy_within(f..f + n, t);
+        for (k, v) in self.k.iter_mut().zip(&mut self.v) {
+            k.copy_within(f..f + n, t);
+            v.copy_within(f..f + n, t);
         }
     }
 }
@@ -138,5 +258,37 @@ mod tests {
         // 32 PB: more than any address space gives.
         let e = KvStorage::new(30, 576, 16, 1 << 40).err().unwrap();
         assert!(e.to_string().contains("cannot allocate"), "{e}");
+        let e = KvStorage::with_dtype(30, 576, 16, 1 << 40, KvDtype::F16)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("cannot allocate"), "{e}");
+    }
+
+    #[test]
+    fn f16_storage_halves_the_bytes_and_rounds_on_write() {
+        let a = KvStorage::new(2, 3, 4, 5).unwrap();
+        let mut b = KvStorage::with_dtype(2, 3, 4, 5, KvDtype::F16).unwrap();
+        assert_eq!(a.bytes(), 2 * b.bytes());
+        assert_eq!(b.dtype(), KvDtype::F16);
+        let off = b.offset(&[3, 1], 6);
+        b.write(1, off, &[1.0, 1.0 / 3.0, -7e4], &[0.5, 1e-8, 2.0]);
+        let KvRows::F16(k) = b.layer(1).0 else {
+            panic!("f16 storage gives f32 rows")
+        };
+        let got: Vec<f32> = k[off..off + 3].iter().map(|x| x.to_f32()).collect();
+        assert_eq!(
+            got,
+            [1.0, f16::from_f32(1.0 / 3.0).to_f32(), -f16::MAX.to_f32()]
+        );
+        b.copy_block(1, 0);
+        let KvRows::F16(k) = b.layer(1).0 else {
+            unreachable!()
+        };
+        assert_eq!(k[off - 4 * 3].to_f32(), 1.0);
+        assert_eq!("f16".parse::<KvDtype>(), Ok(KvDtype::F16));
+        assert!("bf16"
+            .parse::<KvDtype>()
+            .unwrap_err()
+            .contains("f32 or f16"));
     }
 }

@@ -27,7 +27,7 @@ pub use adapted::AdaptedLinear;
 pub use batch::{
     BatchMeta, Logits, LogitsFor, LogitsView, RowSegment, SeqChunk, SplitBy, SubBatching,
 };
-pub use kv::KvStorage;
+pub use kv::{KvDtype, KvStorage};
 pub use linear::{DenseLinear, ExecCtx, Linear};
 pub use llama::LlamaModel;
 pub use prepared::{PreparedBatch, SubBatch};

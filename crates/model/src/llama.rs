@@ -10,7 +10,7 @@ use tessera_kernels::plan::Precision;
 use tessera_lora::Target;
 
 use crate::adapted::AdaptedLinear;
-use crate::kv::KvStorage;
+use crate::kv::{KvDtype, KvStorage};
 use crate::linear::{DenseLinear, Linear};
 use crate::rope::Rope;
 
@@ -161,13 +161,24 @@ impl LlamaModel {
         })
     }
 
-    /// A KV storage shaped for this model.
+    /// An f32 KV storage shaped for this model.
     pub fn new_kv_storage(&self, block_size: usize, num_blocks: usize) -> Result<KvStorage> {
-        KvStorage::new(
+        self.new_kv_storage_of(block_size, num_blocks, KvDtype::F32)
+    }
+
+    /// A KV storage of `dtype` values shaped for this model.
+    pub fn new_kv_storage_of(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Result<KvStorage> {
+        KvStorage::with_dtype(
             self.config.n_layers,
             self.config.kv_dim(),
             block_size,
             num_blocks,
+            dtype,
         )
     }
 }

@@ -212,13 +212,9 @@ impl LlamaModel {
                 self.rope.apply(kr, c.head_dim, positions[t], &mut cs);
             }
         });
-        {
-            let (kb, vb) = kv.layer_mut(layer);
-            for (t, &off) in batch.kv_slots[sb.rows.clone()].iter().enumerate() {
-                let row = &qkv[t * qkvd..(t + 1) * qkvd];
-                kb[off..off + kvd].copy_from_slice(&row[qd..qd + kvd]);
-                vb[off..off + kvd].copy_from_slice(&row[qd + kvd..]);
-            }
+        for (t, &off) in batch.kv_slots[sb.rows.clone()].iter().enumerate() {
+            let row = &qkv[t * qkvd..(t + 1) * qkvd];
+            kv.write(layer, off, &row[qd..qd + kvd], &row[qd + kvd..]);
         }
         let shape = AttnShape {
             n_heads: c.n_heads,

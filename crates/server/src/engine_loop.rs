@@ -195,6 +195,7 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
     metrics
         .kv_blocks_total
         .store(cfg.scheduler.num_blocks as u64, Ordering::Relaxed);
+    *metrics.kv_dtype.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine.kv_dtype.name());
     // The gate bounds sequences queued or running; the scheduler's own queue bound is raised
     // to the same capacity, so it never refuses what the gate admitted.
     let mut scheduler = cfg.scheduler;

@@ -63,6 +63,8 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub tpot: Histogram,
     pub started: Mutex<Option<std::time::Instant>>,
+    /// Element type of the KV cache (`f32`, `f16`), set at start.
+    pub kv_dtype: Mutex<Option<&'static str>>,
     /// Under tensor parallelism: the measured link and the sub-batchings chosen.
     pub overlap: Mutex<Option<tessera_engine::OverlapStats>>,
 }
@@ -105,6 +107,11 @@ impl Metrics {
             "KV cache blocks in all.",
             l(&self.kv_blocks_total),
         );
+        if let Some(d) = *self.kv_dtype.lock().unwrap_or_else(|e| e.into_inner()) {
+            s.push_str(&format!(
+                "# HELP tessera_kv_cache_info The KV cache's element type.\n# TYPE tessera_kv_cache_info gauge\ntessera_kv_cache_info{{dtype=\"{d}\"}} 1\n"
+            ));
+        }
         counter(
             &mut s,
             "tessera_prefix_cache_queries_total",

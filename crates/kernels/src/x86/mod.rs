@@ -2,6 +2,7 @@
 //! in its `#[target_feature]`; callers check [`crate::Isa::active`] first.
 
 pub mod avx2;
+pub mod avx2_attn;
 pub mod avx2_exact;
 pub mod avx2_q8;
 pub mod avx512_exact;

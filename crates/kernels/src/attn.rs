@@ -7,33 +7,57 @@
 //! form a tile, and where the K/V rows live (block tables), is the caller's business: it
 //! passes each key position's element offset.
 //!
-//! Numerics (batch invariance, bitwise on a given ISA): a query row with limit `n` (it
-//! attends keys `0..n`) walks the key blocks `[0, B), [B, 2B), …` in increasing order
-//! ([`KEY_BLOCK`] = B), the last one cut at `n`. In a block with `c` valid keys its scores
-//! are the crate's canonical dot products times `scale`; `m' = max(m, max(scores))`;
+//! Numerics (batch invariance, bitwise on a given ISA): the keys `0..n` of a query row
+//! with limit `n` fall into fixed segments of [`SEGMENT`] keys from position 0, each cut
+//! into blocks of [`KEY_BLOCK`] keys walked in increasing order, the last cut at `n`. Within
+//! a segment, from `m = -∞, l = 0, acc = 0`: in a block with `c` valid keys the scores are
+//! the crate's canonical dot products times `scale`; `m' = max(m, max(scores))`;
 //! `p = exp(score - m')` (the vector `exp` on AVX2, its scalar twin on the portable path);
 //! `α = exp(m - m')` (0 for the first block); `l = l·α + Σp`, the sum in 8 lanes (lane
-//! `j % 8`, keys in order) reduced by the canonical lane tree;
-//! `acc = acc·α`, then `acc += p_j·v_j` for `j` in key order (FMA on AVX2, multiply-then-add
-//! on the portable path). The output is `acc · (1/l)`. None of it depends on the other rows
-//! of the tile (their limits only decide which blocks the tile walks, and a row skips the
-//! blocks past its own limit), on the tile's size, or on the storage dtype's layout: f16
-//! rows are converted exactly to f32 before use, so f16 K/V gives the f32 arithmetic of the
-//! rounded values. A query therefore gets the same bits alone in a decode step as inside any
-//! prefill tile.
+//! `j % 8`, keys in order) reduced by the canonical lane tree; `acc = acc·α`, then
+//! `acc += p_j·v_j` for `j` in key order (FMA on AVX2, multiply-then-add on the portable
+//! path). The segments' `(m, l, acc)` are then folded left in segment order
+//! ([`merge_partial`], plain f32 arithmetic on every ISA) and the output is
+//! `acc · (1/l)` ([`finish_partial`]). Segments let one long row's keys be split over
+//! several compute units ([`attend_segment`]) with exactly the arithmetic of one call.
+//!
+//! None of it depends on the other rows of the tile (their limits only decide which blocks
+//! the tile walks, and a row skips the blocks past its own limit), on the tile's size, on
+//! whether segments ran in one call or apart, or on the storage dtype's layout: f16 rows
+//! are converted exactly to f32 before use, so f16 K/V gives the f32 arithmetic of the
+//! rounded values. A query therefore gets the same bits alone in a decode step as inside
+//! any prefill tile.
 //!
 //! Cost per tile of `R` rows against `N` keys: about `2·R·N·head_dim` multiply-adds, and
 //! one read of the `N` key and value rows (the point of tiling: not one read per row).
 
 use half::f16;
 
-use crate::generic::{dot_f32, reduce_lanes, LANES};
 use crate::math::exp_scalar;
 use crate::Isa;
 
+mod block;
+pub use block::convert_rows;
+use block::{block_scores, pv_update, runs, softmax_step};
+
 /// Keys per block of the online softmax. Fixed: a row's arithmetic depends on it.
 pub const KEY_BLOCK: usize = 32;
-const _: () = assert!(KEY_BLOCK % 4 == 0, "score tiles are 4 keys wide");
+const _: () = assert!(
+    KEY_BLOCK / 4 * 4 == KEY_BLOCK,
+    "score tiles are 4 keys wide"
+);
+/// Keys per segment (a whole number of blocks). Fixed: a row's arithmetic depends on it.
+pub const SEGMENT: usize = 256;
+const _: () = assert!(
+    SEGMENT / KEY_BLOCK * KEY_BLOCK == SEGMENT,
+    "segments are whole blocks"
+);
+
+/// Floats per row of a partial result: running max `m`, running sum `l`, then the
+/// `head_dim` unnormalized output values `acc`.
+pub fn partial_len(head_dim: usize) -> usize {
+    head_dim + 2
+}
 
 /// One layer's K or V buffer as stored.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +98,9 @@ pub struct Tile<'a> {
 /// Buffers of [`attend`], reused from call to call (one per thread).
 #[derive(Debug, Default)]
 pub struct AttnScratch {
+    /// One segment's partial result and the running total (rows × [`partial_len`]).
+    part: Vec<f32>,
+    total: Vec<f32>,
     scores: Vec<f32>,
     acc: Vec<f32>,
     m: Vec<f32>,
@@ -88,18 +115,13 @@ pub struct AttnScratch {
 
 impl Tile<'_> {
     /// Panics with a message naming the broken invariant (the caller validates its input).
-    fn check(&self, out: &[f32]) {
+    fn check(&self) {
         let (rows, hd) = (self.limits.len(), self.head_dim);
         assert!(hd > 0, "attention: head_dim must be positive");
         assert_eq!(
             self.q.len(),
             rows * hd,
             "attention: q is not rows × head_dim"
-        );
-        assert_eq!(
-            out.len(),
-            rows * hd,
-            "attention: out is not rows × head_dim"
         );
         assert!(
             self.limits.iter().all(|&n| n > 0),
@@ -121,9 +143,115 @@ pub fn attend(tile: &Tile, out: &mut [f32], scratch: &mut AttnScratch) {
     attend_on(Isa::active(), tile, out, scratch)
 }
 
-/// [`attend`] on a given ISA (tests compare the two paths); `isa` must be supported.
+/// Panics unless this CPU runs `isa` (the SIMD paths' safety rests on it).
+fn assert_supported(isa: Isa) {
+    assert!(
+        isa == Isa::Generic || isa == Isa::detect(),
+        "attention: this CPU does not support {}",
+        isa.name()
+    );
+}
+
+/// [`attend`] on a given ISA (tests compare the two paths); panics if the CPU lacks it.
 pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScratch) {
-    tile.check(out);
+    assert_supported(isa);
+    tile.check();
+    let (rows, hd) = (tile.limits.len(), tile.head_dim);
+    assert_eq!(
+        out.len(),
+        rows * hd,
+        "attention: out is not rows × head_dim"
+    );
+    let pl = partial_len(hd);
+    let max_n = tile.limits.iter().copied().max().unwrap_or(0);
+    let mut total = std::mem::take(&mut scratch.total);
+    let mut part = std::mem::take(&mut scratch.part);
+    empty_partial(&mut total, rows * pl, hd);
+    part.resize(rows * pl, 0.0);
+    for seg in 0..max_n.div_ceil(SEGMENT) {
+        run_segment(isa, tile, seg, &mut part, scratch);
+        merge_partial(hd, &mut total, &part);
+    }
+    finish_partial(hd, &total, out);
+    scratch.total = total;
+    scratch.part = part;
+}
+
+/// `part` (rows × [`partial_len`]) set to every row's partial result over segment `seg`
+/// alone (keys `seg·SEGMENT..(seg + 1)·SEGMENT` below its limit; a row with none there gets
+/// `m = -∞, l = 0, acc = 0`), on the active ISA. Folding the segments `0, 1, …` in order
+/// with [`merge_partial`] into an empty total and finishing it gives [`attend`]'s bits.
+pub fn attend_segment(tile: &Tile, seg: usize, part: &mut [f32], scratch: &mut AttnScratch) {
+    let isa = Isa::active();
+    assert_supported(isa);
+    let pl = partial_len(tile.head_dim);
+    tile.check();
+    assert_eq!(
+        part.len(),
+        tile.limits.len() * pl,
+        "attention: partial is not rows × partial_len"
+    );
+    run_segment(isa, tile, seg, part, scratch);
+}
+
+/// An empty total of `len` floats (`m = -∞`, `l = 0`, `acc = 0` per row).
+pub fn empty_partial(total: &mut Vec<f32>, len: usize, head_dim: usize) {
+    let pl = partial_len(head_dim);
+    total.clear();
+    total.resize(len, 0.0);
+    for r in total.chunks_exact_mut(pl) {
+        r[0] = f32::NEG_INFINITY;
+    }
+}
+
+/// Folds one segment's partial result into the running total, row by row:
+/// `m' = max(m, mₛ)`, `a = exp(m - m')`, `b = exp(mₛ - m')`, `l = l·a + lₛ·b`,
+/// `acc = acc·a + accₛ·b` (a row with no key in the segment is skipped; into an empty row
+/// the segment is copied). Plain f32 arithmetic, the same on every ISA.
+pub fn merge_partial(head_dim: usize, total: &mut [f32], part: &[f32]) {
+    let pl = partial_len(head_dim);
+    assert_eq!(
+        total.len(),
+        part.len(),
+        "attention: partials differ in size"
+    );
+    for (t, p) in total.chunks_exact_mut(pl).zip(part.chunks_exact(pl)) {
+        if p[0] == f32::NEG_INFINITY {
+            continue;
+        }
+        if t[0] == f32::NEG_INFINITY {
+            t.copy_from_slice(p);
+            continue;
+        }
+        let m = t[0].max(p[0]);
+        let (a, b) = (exp_scalar(t[0] - m), exp_scalar(p[0] - m));
+        t[0] = m;
+        t[1] = t[1] * a + p[1] * b;
+        for (x, &y) in t[2..].iter_mut().zip(&p[2..]) {
+            *x = *x * a + y * b;
+        }
+    }
+}
+
+/// `out[r] = acc[r] · (1/l[r])` for every row of a total (rows × head_dim outputs).
+pub fn finish_partial(head_dim: usize, total: &[f32], out: &mut [f32]) {
+    let pl = partial_len(head_dim);
+    assert_eq!(
+        total.len() / pl * head_dim,
+        out.len(),
+        "attention: out does not match the total"
+    );
+    for (t, o) in total.chunks_exact(pl).zip(out.chunks_exact_mut(head_dim)) {
+        let inv = 1.0 / t[1];
+        for (o, &a) in o.iter_mut().zip(&t[2..]) {
+            *o = a * inv;
+        }
+    }
+}
+
+/// Every row's online softmax over the blocks of segment `seg` from a fresh state, into
+/// `part` (rows × [`partial_len`]).
+fn run_segment(isa: Isa, tile: &Tile, seg: usize, part: &mut [f32], scratch: &mut AttnScratch) {
     let (rows, hd) = (tile.limits.len(), tile.head_dim);
     let AttnScratch {
         scores,
@@ -135,6 +263,7 @@ pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScrat
         kblk,
         vblk,
         blk_offs,
+        ..
     } = scratch;
     scores.resize(rows * KEY_BLOCK, 0.0);
     acc.clear();
@@ -146,8 +275,9 @@ pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScrat
     alpha.resize(rows, 0.0);
     valid.resize(rows, 0);
     let max_n = tile.limits.iter().copied().max().unwrap_or(0);
-    for b0 in (0..max_n).step_by(KEY_BLOCK) {
-        let bn = KEY_BLOCK.min(max_n - b0);
+    let end = max_n.min((seg + 1) * SEGMENT);
+    for b0 in (seg * SEGMENT..end).step_by(KEY_BLOCK) {
+        let bn = KEY_BLOCK.min(end - b0);
         for (c, &n) in valid.iter_mut().zip(tile.limits) {
             *c = n.saturating_sub(b0).min(bn);
         }
@@ -184,187 +314,11 @@ pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScrat
             pv_update(isa, run, hd, acc, scores, alpha, vbuf, offs);
         }
     }
-    for r in 0..rows {
-        let inv = 1.0 / l[r];
-        for (o, &a) in out[r * hd..(r + 1) * hd]
-            .iter_mut()
-            .zip(&acc[r * hd..(r + 1) * hd])
-        {
-            *o = a * inv;
-        }
-    }
-}
-
-/// One row's online-softmax step over its block scores `s`: returns `m' = max(m, s)` and
-/// `Σ exp(s - m')`, leaving the exponentials in `s`. The sum runs in 8 lanes (lane `j % 8`,
-/// keys in order from zero) reduced by the canonical lane tree, on both ISAs.
-fn softmax_step(isa: Isa, s: &mut [f32], m: f32) -> (f32, f32) {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
-        // SAFETY: AVX2+FMA checked by the caller's ISA; `s` is a live slice of its length
-        // (at least 1: only rows with valid keys get here).
-        return unsafe { crate::x86::avx2_attn::softmax_step(s.as_mut_ptr(), s.len(), m) };
-    }
-    let _ = isa;
-    let m_new = s.iter().copied().fold(m, f32::max);
-    let mut lanes = [0f32; LANES];
-    for (j, x) in s.iter_mut().enumerate() {
-        *x = exp_scalar(*x - m_new);
-        lanes[j % LANES] += *x;
-    }
-    (m_new, reduce_lanes(&lanes))
-}
-
-/// Runs of at most 3 consecutive rows with the same positive count of valid keys in the
-/// block: `(first row, rows, keys)`.
-fn runs(valid: &[usize]) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-    let mut r = 0;
-    std::iter::from_fn(move || {
-        while r < valid.len() && valid[r] == 0 {
-            r += 1;
-        }
-        if r == valid.len() {
-            return None;
-        }
-        let (r0, c) = (r, valid[r]);
-        while r < valid.len() && r - r0 < 3 && valid[r] == c {
-            r += 1;
-        }
-        Some((r0, r - r0, c))
-    })
-}
-
-/// The block's scores of rows `r0..r0 + nr` against its first `c` keys into
-/// `scores[row · KEY_BLOCK + j]`, each the canonical dot times `tile.scale`.
-fn block_scores(
-    isa: Isa,
-    tile: &Tile,
-    (r0, nr, c): (usize, usize, usize),
-    kbuf: &[f32],
-    offs: &[usize],
-    scores: &mut [f32],
-) {
-    let hd = tile.head_dim;
-    let qrow = |r: usize| &tile.q[r * hd..(r + 1) * hd];
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
-        // Rows past the run's end repeat its last one (writing the same values again);
-        // keys past `c` repeat its last one into score slots below KEY_BLOCK that the
-        // softmax never reads (j0 + 4 <= KEY_BLOCK: j0 is a multiple of 4 below c).
-        let a_row = |a: usize| r0 + a.min(nr - 1);
-        let xs: [*const f32; 3] = std::array::from_fn(|a| qrow(a_row(a)).as_ptr());
-        let sp = scores.as_mut_ptr();
-        assert!(scores.len() >= (r0 + nr) * KEY_BLOCK);
-        for j0 in (0..c).step_by(4) {
-            let nk = (c - j0).min(4);
-            let ws: [*const f32; 4] =
-                std::array::from_fn(|b| kbuf[offs[j0 + b.min(nk - 1)]..].as_ptr());
-            // SAFETY (of the `add`): inside `scores`, asserted above.
-            let outs: [*mut f32; 3] =
-                std::array::from_fn(|a| unsafe { sp.add(a_row(a) * KEY_BLOCK + j0) });
-            // SAFETY: AVX2+FMA checked by the caller's ISA; every q row holds `hd` values
-            // and every key row starts at an offset with `hd` values after it (checked by
-            // `Tile::check`, or built so for converted blocks); each output has 4 slots
-            // inside its row of `scores` (see above).
-            unsafe { crate::x86::avx2_attn::scores_3x4(xs, ws, hd, tile.scale, outs) };
-        }
-        return;
-    }
-    let _ = isa;
-    for r in r0..r0 + nr {
-        for j in 0..c {
-            let k = &kbuf[offs[j]..offs[j] + hd];
-            scores[r * KEY_BLOCK + j] = dot_f32(qrow(r), k) * tile.scale;
-        }
-    }
-}
-
-/// `acc[r] = acc[r]·α[r] + Σ_j p[r][j]·v_j` for the rows of one run, keys in order.
-#[allow(clippy::too_many_arguments)]
-fn pv_update(
-    isa: Isa,
-    (r0, nr, c): (usize, usize, usize),
-    hd: usize,
-    acc: &mut [f32],
-    scores: &[f32],
-    alpha: &[f32],
-    vbuf: &[f32],
-    offs: &[usize],
-) {
-    let offs = &offs[..c];
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma {
-        let acc = acc[r0 * hd..].as_mut_ptr();
-        let p = |a: usize| scores[(r0 + a) * KEY_BLOCK..].as_ptr();
-        let al = |a: usize| alpha[r0 + a];
-        // SAFETY: AVX2+FMA checked by the caller's ISA; rows r0..r0+nr of `acc` (hd each)
-        // and of `scores` (c ≤ KEY_BLOCK each) lie inside those buffers; every
-        // `offs[j] + hd <= vbuf.len()` (`Tile::check`, or built so for converted blocks).
-        unsafe {
-            use crate::x86::avx2_attn::pv_update as pv;
-            match nr {
-                1 => pv::<1>([acc], [al(0)], [p(0)], vbuf, offs, hd),
-                2 => pv::<2>(
-                    [acc, acc.add(hd)],
-                    [al(0), al(1)],
-                    [p(0), p(1)],
-                    vbuf,
-                    offs,
-                    hd,
-                ),
-                _ => pv::<3>(
-                    [acc, acc.add(hd), acc.add(2 * hd)],
-                    [al(0), al(1), al(2)],
-                    [p(0), p(1), p(2)],
-                    vbuf,
-                    offs,
-                    hd,
-                ),
-            }
-        }
-        return;
-    }
-    let _ = isa;
-    for r in r0..r0 + nr {
-        let (alpha, acc) = (alpha[r], &mut acc[r * hd..(r + 1) * hd]);
-        acc.iter_mut().for_each(|a| *a *= alpha);
-        for (j, &off) in offs.iter().enumerate() {
-            let p = scores[r * KEY_BLOCK + j];
-            for (a, &v) in acc.iter_mut().zip(&vbuf[off..off + hd]) {
-                *a += p * v;
-            }
-        }
-    }
-}
-
-/// The rows at `offs` (`hd` values each) converted to f32 (exactly), one after another,
-/// into `dst`; F16C on AVX2.
-pub fn convert_rows(isa: Isa, src: KvRows, offs: &[usize], hd: usize, dst: &mut Vec<f32>) {
-    assert!(
-        offs.iter().all(|&o| o + hd <= src.len()),
-        "convert_rows: a row lies outside the buffer"
-    );
-    dst.resize(offs.len() * hd, 0.0);
-    match src {
-        KvRows::F32(b) => {
-            for (j, &off) in offs.iter().enumerate() {
-                dst[j * hd..(j + 1) * hd].copy_from_slice(&b[off..off + hd]);
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        KvRows::F16(b) if isa == Isa::Avx2Fma => {
-            // SAFETY: AVX2+F16C checked by the caller's ISA; rows inside `b` (asserted
-            // above); `dst` holds exactly offs.len() · hd values.
-            unsafe { crate::x86::avx2_attn::f16_rows_to_f32(b, offs, hd, dst) }
-        }
-        KvRows::F16(b) => {
-            let _ = isa;
-            for (j, &off) in offs.iter().enumerate() {
-                for (d, s) in dst[j * hd..(j + 1) * hd].iter_mut().zip(&b[off..off + hd]) {
-                    *d = s.to_f32();
-                }
-            }
-        }
+    let pl = partial_len(hd);
+    for (r, p) in part.chunks_exact_mut(pl).enumerate() {
+        p[0] = m[r];
+        p[1] = l[r];
+        p[2..].copy_from_slice(&acc[r * hd..(r + 1) * hd]);
     }
 }
 

@@ -1,37 +1,52 @@
 //! Causal grouped-query attention over paged KV storage, tiled flash-style.
 //!
 //! Each new token attends to its own sequence's positions `0..=pos`, read through the
-//! sequence's block table. Work items are (query tile, KV head) pairs: a tile is up to
-//! [`TILE_TOKENS`] consecutive rows of one sequence, and its query rows are those tokens ×
-//! the query heads sharing the KV head, so each K/V row the kernel loads serves all of them
-//! ([`tessera_kernels::attn`]). Items are spread over the compute units by a static
-//! longest-first assignment weighted by keys attended (later tiles attend more).
+//! sequence's block table. Work items ([`plan`]) are (query tile, KV head) pairs: a tile is
+//! up to [`TILE_TOKENS`] consecutive rows of one sequence, and its query rows are those
+//! tokens × the query heads sharing the KV head, so each K/V row the kernel loads serves all
+//! of them ([`tessera_kernels::attn`]). A tile too big for the units to share (a long
+//! decode) runs as one item per key segment, whose partial results a second pass merges.
+//! Items are spread over the compute units by a static longest-first assignment weighted by
+//! keys attended (later tiles attend more).
 //!
 //! Batch invariance: the kernel's arithmetic for a query row depends only on its own
-//! position, query and K/V (fixed key blocks from position 0, the last cut at the row's own
-//! limit), never on the tile it lands in, so how rows are tiled or assigned — a prefill
+//! position, query and K/V (fixed key segments and blocks from position 0, the last cut at
+//! the row's own limit, segments folded in order), never on the tile it lands in or on
+//! whether its segments ran apart, so how rows are tiled, split or assigned — a prefill
 //! chunk of hundreds of rows or a lone decode token — changes no bit of any result.
 
 use std::cell::RefCell;
 use std::ops::Range;
 
-use tessera_kernels::attn::{attend, AttnScratch, Tile};
-use tessera_runtime::{DisjointMut, ThreadPool};
+use tessera_kernels::attn::{
+    attend, attend_segment, empty_partial, finish_partial, merge_partial, partial_len, AttnScratch,
+    Tile, SEGMENT,
+};
+use tessera_runtime::{split_range, DisjointMut, ThreadPool};
 
 use crate::kv::KvStorage;
 use crate::prepared::PreparedBatch;
 
-/// Most tokens of one sequence in a query tile.
-pub const TILE_TOKENS: usize = 16;
+mod plan;
+pub use plan::TILE_TOKENS;
+use plan::{assign, Item};
 
-/// One unit's buffers: the tile's gathered query rows, its output rows, per-row key
-/// limits, key offsets, and the kernel's scratch.
+/// An item's query rows (its tokens × the group's heads, token-major), their key limits,
+/// and the key offsets.
 #[derive(Default)]
-struct Local {
+struct Gathered {
     q: Vec<f32>,
-    out: Vec<f32>,
     limits: Vec<usize>,
     offs: Vec<usize>,
+}
+
+/// One unit's buffers: the gathered tile, its output rows, a merged total, and the
+/// kernel's scratch.
+#[derive(Default)]
+struct Local {
+    g: Gathered,
+    out: Vec<f32>,
+    total: Vec<f32>,
     attn: AttnScratch,
 }
 
@@ -43,59 +58,6 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-}
-
-/// A work item: rows `rows` (of the step, one sequence's) against KV head `kvh`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Item {
-    rows: Range<usize>,
-    kvh: usize,
-    /// Keys attended, summed over the rows.
-    cost: usize,
-}
-
-/// Tokens per tile: [`TILE_TOKENS`], fewer when the rows would give the units too few
-/// items to share (no effect on any result).
-fn tile_tokens(rows: usize, kv_heads: usize, units: usize) -> usize {
-    (rows * kv_heads / (4 * units.max(1))).clamp(1, TILE_TOKENS)
-}
-
-/// The work items of `rows`, grouped per unit (longest first onto the least loaded unit).
-fn assign(
-    batch: &PreparedBatch,
-    rows: Range<usize>,
-    kv_heads: usize,
-    units: usize,
-) -> Vec<Vec<Item>> {
-    let tile = tile_tokens(rows.len(), kv_heads, units);
-    let mut items = Vec::new();
-    let mut r = rows.start;
-    while r < rows.end {
-        // A tile: up to `tile` consecutive rows of one sequence.
-        let seq = batch.row_seq[r];
-        let mut end = r + 1;
-        while end < rows.end && end - r < tile && batch.row_seq[end] == seq {
-            end += 1;
-        }
-        let cost: usize = batch.positions[r..end].iter().map(|&p| p + 1).sum();
-        for kvh in 0..kv_heads {
-            items.push(Item {
-                rows: r..end,
-                kvh,
-                cost,
-            });
-        }
-        r = end;
-    }
-    items.sort_by_key(|it| std::cmp::Reverse(it.cost));
-    let mut per_unit: Vec<Vec<Item>> = vec![Vec::new(); units.max(1)];
-    let mut load = vec![0usize; units.max(1)];
-    for it in items {
-        let u = (0..load.len()).min_by_key(|&u| load[u]).expect("a unit");
-        load[u] += it.cost;
-        per_unit[u].push(it);
-    }
-    per_unit
 }
 
 /// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every row `t` of
@@ -118,52 +80,113 @@ pub fn attention(
     let (nh, nkv, hd) = (shape.n_heads, shape.n_kv_heads, shape.head_dim);
     let group = nh / nkv;
     let q_dim = nh * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
     let base = rows.start;
+    let scale = 1.0 / (hd as f32).sqrt();
     let (kbuf, vbuf) = kv.layer(layer);
-    let work = assign(batch, rows, nkv, pool.units());
+    let work = assign(batch, rows, nkv, group, hd, pool.units());
+    let mut partials = vec![0f32; work.partial_floats];
+    let part_ptr = DisjointMut::new(&mut partials);
     let out_ptr = DisjointMut::new(out);
+    let pl = partial_len(hd);
+    // The output rows of (tile rows, KV head): every token's group of heads.
+    let put = |rows: Range<usize>, kvh: usize, tile_out: &[f32]| {
+        for (i, row) in rows.enumerate() {
+            let t = row - base;
+            // SAFETY: the (row, head group) output slice is written by one work item or
+            // split alone (they are distinct (rows, KV head) pairs) and lies inside `out`
+            // (rows × q_dim).
+            let o = unsafe { out_ptr.slice(t * q_dim + kvh * group * hd, group * hd) };
+            o.copy_from_slice(&tile_out[i * group * hd..(i + 1) * group * hd]);
+        }
+    };
     pool.run(|unit| {
         LOCAL.with(|local| {
             let l = &mut *local.borrow_mut();
-            for it in &work[unit] {
-                let table = batch.table(batch.row_seq[it.rows.start] as usize);
-                // Query rows: the tile's tokens × the group's heads, token-major.
-                l.q.clear();
-                l.limits.clear();
-                for row in it.rows.clone() {
-                    let t = row - base;
-                    let h0 = t * q_stride + it.kvh * group * hd;
-                    l.q.extend_from_slice(&q[h0..h0 + group * hd]);
-                    let n = batch.positions[row] + 1;
-                    l.limits.extend(std::iter::repeat_n(n, group));
-                }
-                let n = l.limits.iter().copied().max().unwrap_or(0);
-                l.offs.clear();
-                l.offs
-                    .extend((0..n).map(|p| kv.offset(table, p) + it.kvh * hd));
-                l.out.resize(l.q.len(), 0.0);
+            for it in &work.per_unit[unit] {
+                let seg = it.part.map(|(_, s)| s);
+                gather(&mut l.g, batch, it, seg, kv, q, q_stride, base, group, hd);
                 let tile = Tile {
                     head_dim: hd,
                     scale,
-                    q: &l.q,
-                    limits: &l.limits,
+                    q: &l.g.q,
+                    limits: &l.g.limits,
                     k: kbuf,
                     v: vbuf,
-                    offs: &l.offs,
+                    offs: &l.g.offs,
                 };
-                attend(&tile, &mut l.out, &mut l.attn);
-                for (i, row) in it.rows.clone().enumerate() {
-                    let t = row - base;
-                    // SAFETY: the (row, head group) output slice is written by this work
-                    // item alone (items are distinct (rows, KV head) pairs) and lies inside
-                    // `out` (rows × q_dim).
-                    let o = unsafe { out_ptr.slice(t * q_dim + it.kvh * group * hd, group * hd) };
-                    o.copy_from_slice(&l.out[i * group * hd..(i + 1) * group * hd]);
+                match it.part {
+                    None => {
+                        l.out.resize(l.g.q.len(), 0.0);
+                        attend(&tile, &mut l.out, &mut l.attn);
+                        put(it.rows.clone(), it.kvh, &l.out);
+                    }
+                    Some((split, s)) => {
+                        let sp = &work.splits[split];
+                        let n = sp.rows.len() * group * pl;
+                        // SAFETY: segment `s` of split `split` owns these partials alone
+                        // (`assign` lays the splits' segments out one after another).
+                        let part = unsafe { part_ptr.slice(sp.offset + s * n, n) };
+                        attend_segment(&tile, s, part, &mut l.attn);
+                    }
                 }
             }
         });
     });
+    if work.splits.is_empty() {
+        return;
+    }
+    let units = pool.units();
+    pool.run(|unit| {
+        LOCAL.with(|local| {
+            let l = &mut *local.borrow_mut();
+            for sp in &work.splits[split_range(work.splits.len(), units, unit)] {
+                let n = sp.rows.len() * group * pl;
+                empty_partial(&mut l.total, n, hd);
+                for s in 0..sp.segments {
+                    merge_partial(hd, &mut l.total, &partials[sp.offset + s * n..][..n]);
+                }
+                l.out.resize(sp.rows.len() * group * hd, 0.0);
+                finish_partial(hd, &l.total, &mut l.out);
+                put(sp.rows.clone(), sp.kvh, &l.out);
+            }
+        });
+    });
+}
+
+/// Fills `g` with item `it`'s query rows, their key limits and the key offsets (only
+/// segment `seg`'s when given, zeros elsewhere: the kernel reads no other).
+#[allow(clippy::too_many_arguments)]
+fn gather(
+    g: &mut Gathered,
+    batch: &PreparedBatch,
+    it: &Item,
+    seg: Option<usize>,
+    kv: &KvStorage,
+    q: &[f32],
+    q_stride: usize,
+    base: usize,
+    group: usize,
+    hd: usize,
+) {
+    let table = batch.table(batch.row_seq[it.rows.start] as usize);
+    g.q.clear();
+    g.limits.clear();
+    for row in it.rows.clone() {
+        let h0 = (row - base) * q_stride + it.kvh * group * hd;
+        g.q.extend_from_slice(&q[h0..h0 + group * hd]);
+        let n = batch.positions[row] + 1;
+        g.limits.extend(std::iter::repeat_n(n, group));
+    }
+    let n = g.limits.iter().copied().max().unwrap_or(0);
+    let keys = match seg {
+        None => 0..n,
+        Some(s) => (s * SEGMENT).min(n)..((s + 1) * SEGMENT).min(n),
+    };
+    g.offs.clear();
+    g.offs.resize(keys.start, 0);
+    g.offs
+        .extend(keys.map(|p| kv.offset(table, p) + it.kvh * hd));
+    g.offs.resize(n, 0);
 }
 
 #[cfg(test)]

@@ -242,7 +242,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn batch(lens: &[usize], adapters: &[Option<u32>]) -> (BatchMeta, KvStorage) {
-        let kv = KvStorage::new(1, 4, 4, 64).unwrap();
+        // Room for the largest batch the tests make (8 sequences of up to 39 positions).
+        let kv = KvStorage::new(1, 4, 4, 128).unwrap();
         let mut next = 0u32;
         let seqs = lens
             .iter()

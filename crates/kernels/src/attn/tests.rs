@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::generic::dot_f32;
 
 /// A paged K/V buffer (one layer, `kv_heads` heads of `hd`), a block table and a tile of
 /// `tokens × group` query rows at consecutive positions from `start`.
@@ -141,7 +142,14 @@ proptest! {
         hd in head_dim(),
         group in 1usize..5,
         tokens in 1usize..12,
-        start in prop_oneof![Just(0usize), 0usize..100, Just(KEY_BLOCK - 1), Just(3 * KEY_BLOCK)],
+        start in prop_oneof![
+            Just(0usize),
+            0usize..100,
+            Just(KEY_BLOCK - 1),
+            Just(3 * KEY_BLOCK),
+            Just(SEGMENT - 5),
+            Just(2 * SEGMENT + 3),
+        ],
         block in prop_oneof![Just(1usize), Just(16), 1usize..40],
         kv_heads in 1usize..4,
         seed in 0u64..1000,
@@ -185,7 +193,7 @@ proptest! {
         hd in head_dim(),
         group in 1usize..5,
         tokens in 1usize..10,
-        start in 0usize..90,
+        start in prop_oneof![0usize..90, SEGMENT - 9..SEGMENT + 9],
         a in 0usize..1000,
         b in 0usize..1000,
         seed in 0u64..1000,
@@ -269,6 +277,43 @@ fn rows_without_keys_are_refused() {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Segments computed apart ([`attend_segment`], as when one long row is split over
+    /// units) and folded in order give exactly one call's bits.
+    #[test]
+    fn segments_apart_equal_one_call(
+        hd in prop_oneof![Just(1usize), Just(7), Just(64)],
+        group in 1usize..4,
+        tokens in 1usize..6,
+        start in prop_oneof![0usize..SEGMENT, SEGMENT - 3..3 * SEGMENT],
+        f16 in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let c = case(hd, group, tokens, start, 16, 2, 0, 1.0, seed);
+        let (kh, vh) = (to_f16(&c.k), to_f16(&c.v));
+        let t = if f16 {
+            c.tile(KvRows::F16(&kh), KvRows::F16(&vh))
+        } else {
+            c.f32_tile()
+        };
+        let rows = c.limits.len();
+        let mut one = vec![f32::NAN; rows * hd];
+        attend(&t, &mut one, &mut AttnScratch::default());
+        let mut total = Vec::new();
+        empty_partial(&mut total, rows * partial_len(hd), hd);
+        let mut part = vec![f32::NAN; rows * partial_len(hd)];
+        let segs = c.limits.iter().max().unwrap().div_ceil(SEGMENT);
+        // Each segment on a fresh scratch, as another unit would run it.
+        for seg in 0..segs {
+            attend_segment(&t, seg, &mut part, &mut AttnScratch::default());
+            merge_partial(hd, &mut total, &part);
+        }
+        let mut apart = vec![f32::NAN; rows * hd];
+        finish_partial(hd, &total, &mut apart);
+        prop_assert_eq!(one, apart);
+    }
+
     /// Block scores are exactly the canonical dot products times the scale, for every run
     /// shape and key count (the tiles' padding writes nothing a row reads).
     #[test]

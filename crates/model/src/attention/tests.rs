@@ -5,11 +5,12 @@
 
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
-use tessera_kernels::attn::KvRows;
+use tessera_kernels::attn::{KvRows, SEGMENT};
 
 use super::*;
 use crate::batch::{BatchMeta, LogitsFor, SeqChunk};
 use crate::kv::KvDtype;
+use tessera_kernels::attn::partial_len;
 
 struct Setup {
     kv: KvStorage,
@@ -135,7 +136,14 @@ impl Setup {
 fn seqs() -> impl Strategy<Value = Vec<(usize, usize)>> {
     proptest::collection::vec(
         (
-            prop_oneof![Just(0usize), 0usize..80, Just(31), Just(97)],
+            prop_oneof![
+                Just(0usize),
+                0usize..80,
+                Just(31),
+                Just(97),
+                Just(SEGMENT - 1),
+                SEGMENT..3 * SEGMENT,
+            ],
             prop_oneof![Just(1usize), 1usize..20, Just(13)],
         ),
         1..4,
@@ -146,8 +154,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
     /// Every row of a mixed batch matches the f64 definition, and is bitwise the same
-    /// computed alone as a decode step, on 1 or 3 units, and in either half of a cut
-    /// of the rows.
+    /// computed alone as a decode step (its keys split in segments over the units when
+    /// they are many), on 1 or 3 units, and in either half of a cut of the rows.
     #[test]
     fn batch_matches_reference_and_each_row_alone(
         seqs in seqs(),
@@ -203,7 +211,7 @@ fn work_is_balanced_by_keys() {
         1,
     );
     let batch = s.prepared(s.chunks.clone());
-    let work = assign(&batch, 0..batch.num_rows(), 3, 2);
+    let work = assign(&batch, 0..batch.num_rows(), 3, 1, 2, 2).per_unit;
     let loads: Vec<usize> = work
         .iter()
         .map(|w| w.iter().map(|i| i.cost).sum())
@@ -226,4 +234,27 @@ fn work_is_balanced_by_keys() {
         .flat_map(|r| (0..3).map(move |h| (r, h)))
         .collect();
     assert_eq!(seen, want);
+}
+
+#[test]
+fn a_long_decode_is_split_into_segments() {
+    // One decode at position 1000 (4 segments) with 3 KV heads on 2 units: 12 segment
+    // items, 6 per unit, and 3 splits to merge; on 1 unit, 3 whole items.
+    let s = setup(&[(1000, 1)], 4, 3, 2, 16, KvDtype::F32, 2);
+    let batch = s.prepared(s.chunks.clone());
+    let work = assign(&batch, 0..1, 3, 2, 4, 2);
+    assert_eq!(work.splits.len(), 3);
+    assert!(work.splits.iter().all(|sp| sp.segments == 4));
+    assert_eq!(work.partial_floats, 3 * 4 * 2 * partial_len(4));
+    assert_eq!(
+        work.per_unit.iter().map(Vec::len).collect::<Vec<_>>(),
+        [6, 6]
+    );
+    let one = assign(&batch, 0..1, 3, 2, 4, 1);
+    assert!(one.splits.is_empty());
+    assert_eq!(one.per_unit[0].len(), 3);
+    // And a prefill chunk is not split: its tiles are many.
+    let s = setup(&[(1000, 64)], 4, 3, 2, 16, KvDtype::F32, 3);
+    let batch = s.prepared(s.chunks.clone());
+    assert!(assign(&batch, 0..64, 3, 2, 4, 2).splits.is_empty());
 }

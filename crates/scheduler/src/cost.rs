@@ -134,8 +134,15 @@ impl StepCost {
     }
 }
 
+/// The largest share of a step its fixed parts may take: steps are filled to at least
+/// `(fixed_s + head_fixed_s) / MAX_FIXED_SHARE`, so a budget below what the machine needs to
+/// run any step (a slow or busy machine, where every step pays a large fixed cost) never
+/// shrinks steps to a few tokens each.
+pub const MAX_FIXED_SHARE: f64 = 0.25;
+
 /// Steps filled by predicted time: `cost` predicts each step, and a step is filled until its
-/// prediction reaches `budget_s` (the token budget stays an upper limit).
+/// prediction reaches `budget_s` (the token budget stays an upper limit), or
+/// [`TimeBudget::effective_s`] when the fixed parts need more.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TimeBudget {
     pub cost: StepCost,
@@ -143,6 +150,13 @@ pub struct TimeBudget {
 }
 
 impl TimeBudget {
+    /// The budget steps are filled to: `budget_s`, raised so the fixed parts take at most
+    /// [`MAX_FIXED_SHARE`] of a step.
+    pub fn effective_s(&self) -> f64 {
+        let fixed = self.cost.fixed_s + self.cost.head_fixed_s;
+        self.budget_s.max(fixed / MAX_FIXED_SHARE)
+    }
+
     pub fn validate(&self) -> Result<(), SchedError> {
         self.cost.validate()?;
         if !(self.budget_s > 0.0 && self.budget_s.is_finite()) {
@@ -225,6 +239,17 @@ mod tests {
             budget_s: 0.0,
         };
         assert!(b.validate().is_err());
+    }
+
+    #[test]
+    fn the_fixed_parts_take_at_most_a_quarter() {
+        let mut b = TimeBudget {
+            cost: cost(),
+            budget_s: 0.1,
+        };
+        assert_eq!(b.effective_s(), 0.1);
+        b.budget_s = 0.02;
+        assert!((b.effective_s() - 0.015 / MAX_FIXED_SHARE).abs() < 1e-12);
     }
 
     /// Naive reference: the cost summed row by row, the longest fitting length by scanning.

@@ -34,19 +34,24 @@
 //! token budget stays an upper limit), so deep chunks get fewer tokens
 //! ([`timed`] holds the arithmetic):
 //!
+//! - the budget is raised, if need be, so the fixed parts take at most a quarter of a step
+//!   ([`crate::TimeBudget::effective_s`]: on a machine too slow or too busy for the budget,
+//!   steps still amortize their overhead);
 //! - the decodes always run; prefill work (pass 2 and 3 together) gets what they leave of
 //!   the budget, and at least a quarter of it however many decodes there are;
 //! - while a request waits, the head of the queue decides the split. If its whole remaining
-//!   prompt fits in the prefill time (a short request), running chunks keep an eighth of it
-//!   and the step is not filled further: the head's time to first token is this step's
-//!   time, so the step stays about as short as the head's own prefill. Otherwise running
-//!   chunks get half, the head and those after it the rest, and what admissions leave goes
-//!   back to the running chunks;
-//! - running chunks go oldest first, up to an eighth of the prefill time and at least one
-//!   token (or up to the next `chunk_align` boundary), so a long prefill always progresses;
-//!   then shortest remaining first, so a chunked short prompt finishes before long ones go
-//!   on. When nothing at all progressed, the head of the queue is admitted with that
-//!   minimum chunk, so even a budget too small for one token moves the queue.
+//!   prompt fits in the prefill time (a short request), the step is a *short step*: running
+//!   chunks get only the oldest's minimum chunk, then the head and any other waiting request
+//!   that fits whole, and nothing more: the head's time to first token is this step's time,
+//!   so the step is about as short as the head's own prefill. Otherwise running chunks get
+//!   half the prefill time, the head and those after it the rest, and what admissions leave
+//!   goes back to the running chunks;
+//! - running chunks go oldest first, up to an eighth of the prefill time (its minimum chunk
+//!   in a short step) and at least one token (or up to the next `chunk_align` boundary), so
+//!   a long prefill always progresses; then shortest remaining first, so a chunked short
+//!   prompt finishes before long ones go on. When nothing at all progressed, the head of the
+//!   queue is admitted with that minimum chunk, so even a budget too small for one token
+//!   moves the queue.
 //!
 //! A step's predicted time therefore stays within the budget except for the mandatory part:
 //! the decodes with the fixed parts, the prefill floor when decodes alone fill the budget,
@@ -62,7 +67,7 @@
 //! State changes only in `schedule` (allocations, admissions, preemptions) and in `update`,
 //! `finish` and `abort`; `num_computed` advances in `update`, so a plan is applied exactly
 //! once (a stale entry, whose `start_pos` no longer matches, is skipped). Building a step is
-//! in [`fill`] (the decode pass, the token-budget passes, what both budgets share) and
+//! in `fill` (the decode pass, the token-budget passes, what both budgets share) and
 //! [`timed`] (the time-budget passes).
 
 mod fill;

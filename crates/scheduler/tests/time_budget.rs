@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use tessera_scheduler::scheduler::timed::{PREFILL_FLOOR, SHORT_STEP_SHARE};
+use tessera_scheduler::scheduler::timed::PREFILL_FLOOR;
 use tessera_scheduler::{
     Request, SchedError, Scheduler, SchedulerConfig, StepCost, StepPlan, TimeBudget,
 };
@@ -92,14 +92,16 @@ fn a_short_arrival_runs_whole_in_the_next_step_and_that_step_is_short() {
         short.wants_logits,
         "its whole prompt: the first token comes from this step"
     );
-    // The step is about the short prompt's own: running chunks kept a small share.
-    let alone = COST.step([(0, 30, true)]);
-    let limit = alone + 0.1 * SHORT_STEP_SHARE;
+    // The step is the short prompt's own but for the oldest long prefill's minimum chunk.
+    let oldest = p.get(1).expect("the oldest always progresses");
+    assert_eq!(oldest.tokens.len(), 1);
+    let limit = COST.step([(0, 30, true), (oldest.start_pos, 1, false)]);
     assert!(
         COST.plan(&p) <= limit + 1e-12,
         "{} > {limit}",
         COST.plan(&p)
     );
+    assert_eq!(p.seqs.len(), 2);
     // The oldest long prefill still progressed.
     assert!(s.num_computed(1).unwrap() > before[0]);
     // Once nothing waits the long prompts get the whole budget again.
@@ -212,7 +214,8 @@ fn bad_time_budgets_are_refused() {
 fn allowed(tb: &TimeBudget, caught_up: &[(u64, usize)], p: &StepPlan, align: usize) -> f64 {
     let c = &tb.cost;
     let decodes = c.step(caught_up.iter().map(|&(_, pos)| (pos, 1, true)));
-    let base = tb.budget_s.max(decodes + tb.budget_s * PREFILL_FLOOR);
+    let budget = tb.effective_s();
+    let base = budget.max(decodes + budget * PREFILL_FLOOR);
     let forced = p
         .seqs
         .iter()

@@ -11,9 +11,9 @@ use crate::request::Status;
 /// Share of the budget prefill work (chunks and admissions) always gets, however much the
 /// decodes take.
 pub const PREFILL_FLOOR: f64 = 0.25;
-/// Share of the prefill time running chunks keep in a step that completes a waiting
-/// request's whole prompt (the step is kept short: its time is that request's TTFT).
-pub const SHORT_STEP_SHARE: f64 = 0.125;
+/// Share of the prefill time the oldest running prefill is served first with (the rest
+/// goes shortest remaining first), except in a short step, where it gets its minimum chunk.
+pub const OLDEST_SHARE: f64 = 0.125;
 
 impl Scheduler {
     /// Predicted seconds of the step so far (its fixed part included even when empty).
@@ -133,7 +133,8 @@ impl Scheduler {
         let decodes: Vec<u64> = f.picks.iter().map(|p| p.id).collect();
         let used = self.predicted(tb, f);
         // Prefill work gets what the decodes leave, and never less than the floor.
-        let prefill = (tb.budget_s - used).max(tb.budget_s * PREFILL_FLOOR);
+        let budget = tb.effective_s();
+        let prefill = (budget - used).max(budget * PREFILL_FLOOR);
         let limit = used + prefill;
         let token_reserve = if f.waiting {
             self.cfg.max_num_batched_tokens / 2
@@ -146,42 +147,50 @@ impl Scheduler {
         } else {
             None
         };
+        // A short step: the head's whole remaining prompt fits in the prefill time (within
+        // the tokens running chunks leave). Its time to first token is this step's time, so
+        // running chunks get only the oldest's minimum chunk.
         let whole = head.is_some_and(|id| {
             let Some(st) = self.seqs.get(&id) else {
                 return false;
             };
             let cached = self.kv.peek_prefix(st.adapter, &st.tokens);
             let remaining = st.tokens.len() - cached;
-            let room = used + prefill * (1.0 - SHORT_STEP_SHARE);
-            self.fit_time(
-                f,
-                cached,
-                remaining,
-                f.budget - token_reserve.min(f.budget),
-                room,
-            ) == remaining
+            let tokens = f.budget.min(token_reserve);
+            self.fit_time(f, cached, remaining, tokens, limit) == remaining
         });
-        // Running chunks: all the prefill time when nothing waits; a small share when the
-        // head completes here (its TTFT is this step's time); half otherwise.
-        let running = match (head, whole) {
-            (None, _) => prefill,
-            (Some(_), true) => prefill * SHORT_STEP_SHARE,
-            (Some(_), false) => prefill / 2.0,
-        };
-        // The oldest first, with a small guaranteed share (and at least its minimum chunk),
-        // so nothing starves; then the shortest remaining first.
+        // The oldest first: a small guaranteed share (its minimum chunk in a short step), so
+        // nothing starves; then, but in a short step, the shortest remaining first, up to
+        // all the prefill time when nothing waits, half of it otherwise.
         let (oldest, _) = self.behind(f);
         if let Some(o) = oldest {
-            let share = used + running.min(prefill * SHORT_STEP_SHARE);
+            let share = if whole {
+                used
+            } else {
+                used + prefill * OLDEST_SHARE
+            };
             self.grow_chunks(f, &[o], token_reserve, share, true);
         }
-        let (_, srpt) = self.behind(f);
-        self.grow_chunks(f, &srpt, token_reserve, used + running, false);
+        if !whole {
+            let running = if head.is_some() {
+                prefill / 2.0
+            } else {
+                prefill
+            };
+            let (_, srpt) = self.behind(f);
+            self.grow_chunks(f, &srpt, token_reserve, used + running, false);
+        }
+        // The oldest's minimum chunk comes on top of a short step's head.
+        let admit_limit = if whole {
+            limit + (self.predicted(tb, f) - used)
+        } else {
+            limit
+        };
         let admitted = if f.preempted.is_empty() {
             self.admit(
                 f,
                 AdmitBy::Time {
-                    limit_s: limit,
+                    limit_s: admit_limit,
                     whole_only: whole,
                 },
             )

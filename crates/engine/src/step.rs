@@ -38,6 +38,8 @@ pub struct StepOutcome {
     pub preempted: usize,
     /// Requests failed by this step.
     pub failed: usize,
+    /// The step's predicted seconds, when the scheduler fills steps by predicted time.
+    pub predicted_s: Option<f64>,
 }
 
 /// A test-only fault injected into a step (see [`Engine::fault_hook`]).
@@ -134,6 +136,7 @@ impl<'e> StepEngine<'e> {
             tokens: plan.num_tokens(),
             seqs: plan.seqs.len(),
             preempted: plan.preempted.len(),
+            predicted_s: self.sched.config().time_budget.map(|t| t.cost.plan(&plan)),
             ..Default::default()
         };
         // Requests the scheduler ended since the last step (e.g. one outgrowing the cache).

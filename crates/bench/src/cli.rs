@@ -212,8 +212,8 @@ pub enum BenchCommand {
         /// long-prefill: short requests on the idle server.
         #[arg(long, default_value_t = 8)]
         idle_samples: usize,
-        /// long-prefill: short requests go one after another with a random pause of up to
-        /// this many milliseconds between them while the long prompts run.
+        /// long-prefill: while the long prompts run, a short request arrives every this many
+        /// milliseconds on average (0.5 to 1.5 times it apart, finished or not).
         #[arg(long, default_value_t = 1000.0)]
         short_gap_ms: f64,
     },

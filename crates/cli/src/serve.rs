@@ -116,20 +116,21 @@ fn step_time_budget(
     };
     let cost = step_cost::calibrate(engine, sched.max_num_batched_tokens)
         .context("calibrating the step-cost model")?;
-    let budget = tessera_scheduler::TimeBudget {
-        cost,
-        budget_s: ms.map_or_else(|| step_cost::default_budget_s(&cost), |v| v * 1e-3),
+    let budget = match ms {
+        None => step_cost::auto_budget(cost),
+        Some(v) => tessera_scheduler::TimeBudget::secs(cost, v * 1e-3),
     };
-    let (asked, effective) = (budget.budget_s * 1e3, budget.effective_s() * 1e3);
+    let (asked, effective) = (budget.budget_s() * 1e3, budget.effective_s() * 1e3);
     let how = match ms {
-        None => "auto".to_string(),
+        None => "auto: 1.5x a 32-token prompt's step, refitted with the cost".to_string(),
         Some(_) if effective > asked => {
             format!("raised from {asked:.0} ms: the fixed parts take at most a quarter")
         }
         Some(_) => "--step-time-budget-ms".to_string(),
     };
     eprintln!(
-        "step cost model: {}; steps filled to {effective:.0} ms predicted ({how})",
+        "step cost model: {}, refitted to every step; steps filled to {effective:.0} ms \
+         predicted ({how})",
         step_cost::describe(&cost)
     );
     Ok(Some(budget))

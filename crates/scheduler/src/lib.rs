@@ -23,7 +23,7 @@ pub mod request;
 pub mod scheduler;
 
 pub use config::{Limits, SchedulerConfig};
-pub use cost::{StepCost, TimeBudget};
+pub use cost::{Budget, StepCost, TimeBudget};
 pub use error::SchedError;
 pub use plan::{ScheduledSeq, StepPlan, StepResult};
 pub use request::{FinishReason, Request, Status};

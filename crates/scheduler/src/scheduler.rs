@@ -79,7 +79,7 @@ use tessera_kv::{KvManager, KvMetrics};
 
 use crate::plan::{ScheduledSeq, StepPlan, StepResult};
 use crate::request::{FinishReason, Request, SeqState, Status};
-use crate::{SchedError, SchedulerConfig};
+use crate::{SchedError, SchedulerConfig, TimeBudget};
 
 #[derive(Debug)]
 pub struct Scheduler {
@@ -152,6 +152,16 @@ impl Scheduler {
     /// Tokens generated so far (kept until the finish is reported).
     pub fn generated(&self, id: u64) -> Option<&[u32]> {
         self.seqs.get(&id).map(|s| s.generated())
+    }
+
+    /// Replaces the step-time budget from the next `schedule` on (the engine refits the
+    /// step cost to the steps it measures). An invalid one is refused and nothing changes.
+    pub fn set_time_budget(&mut self, t: Option<TimeBudget>) -> Result<(), SchedError> {
+        if let Some(t) = &t {
+            t.validate()?;
+        }
+        self.cfg.time_budget = t;
+        Ok(())
     }
 
     /// Queues a request. Rejects it at once if it can never run or the queue is full.

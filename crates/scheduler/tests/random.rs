@@ -61,15 +61,18 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                 c.prefix_caching = prefix;
                 c.aging_steps = aging;
                 // Half the cases fill steps by predicted time (milliseconds, per-key cost).
-                c.time_budget = time.map(|(ms, per_key)| TimeBudget {
-                    cost: StepCost {
-                        fixed_s: 1e-3,
-                        per_token_s: 1e-3,
-                        per_key_s: per_key,
-                        head_fixed_s: 0.5e-3,
-                        per_logit_row_s: 0.2e-3,
-                    },
-                    budget_s: ms * 1e-3,
+                c.time_budget = time.map(|(ms, per_key)| {
+                    TimeBudget::secs(
+                        StepCost {
+                            fixed_s: 1e-3,
+                            per_token_s: 1e-3,
+                            per_key_s: per_key,
+                            per_key2_s: 0.0,
+                            head_fixed_s: 0.5e-3,
+                            per_logit_row_s: 0.2e-3,
+                        },
+                        ms * 1e-3,
+                    )
                 });
                 c
             },

@@ -12,11 +12,13 @@ use tessera_scheduler::{
 };
 
 /// About SmolLM2-135M's exact path on 2 cores: 3 ms a step, 1.6 ms a token, 2.2 µs per key
-/// attended (all layers), the head 1 ms + 0.74 ms a row.
+/// attended (all layers) and 1 ns more per position of the query, the head 1 ms + 0.74 ms
+/// a row.
 const COST: StepCost = StepCost {
     fixed_s: 3e-3,
     per_token_s: 1.6e-3,
     per_key_s: 2.2e-6,
+    per_key2_s: 1e-9,
     head_fixed_s: 1e-3,
     per_logit_row_s: 0.74e-3,
 };
@@ -28,10 +30,7 @@ fn timed(budget_ms: f64) -> SchedulerConfig {
     c.max_prefill_chunk = 512;
     c.max_model_len = 8192;
     c.aging_steps = 0;
-    c.time_budget = Some(TimeBudget {
-        cost: COST,
-        budget_s: budget_ms * 1e-3,
-    });
+    c.time_budget = Some(TimeBudget::secs(COST, budget_ms * 1e-3));
     c
 }
 
@@ -187,6 +186,30 @@ fn decodes_always_run_and_admissions_keep_a_floor() {
 }
 
 #[test]
+fn the_budget_can_be_replaced_between_steps() {
+    let mut s = Scheduler::new(timed(100.0)).unwrap();
+    s.add_request(req(1, 3000, 1)).unwrap();
+    let wide = step(&mut s).get(1).unwrap().tokens.len();
+    let slow = StepCost {
+        per_token_s: 4.0 * COST.per_token_s,
+        ..COST
+    };
+    s.set_time_budget(Some(TimeBudget::secs(slow, 0.1)))
+        .unwrap();
+    let narrow = step(&mut s).get(1).unwrap().tokens.len();
+    assert!(narrow * 3 < wide, "{narrow} vs {wide}");
+    let bad = TimeBudget::secs(slow, -1.0);
+    assert!(s.set_time_budget(Some(bad)).is_err());
+    assert_eq!(s.config().time_budget, Some(TimeBudget::secs(slow, 0.1)));
+    s.set_time_budget(None).unwrap();
+    assert_eq!(
+        step(&mut s).get(1).unwrap().tokens.len(),
+        512,
+        "by tokens again"
+    );
+}
+
+#[test]
 fn bad_time_budgets_are_refused() {
     for (budget, fixed) in [
         (0.0, 1e-3),
@@ -195,13 +218,13 @@ fn bad_time_budgets_are_refused() {
         (0.1, f64::NAN),
     ] {
         let mut c = timed(100.0);
-        c.time_budget = Some(TimeBudget {
-            cost: StepCost {
+        c.time_budget = Some(TimeBudget::secs(
+            StepCost {
                 fixed_s: fixed,
                 ..COST
             },
-            budget_s: budget,
-        });
+            budget,
+        ));
         assert!(matches!(
             Scheduler::new(c),
             Err(SchedError::InvalidConfig { .. })
@@ -234,31 +257,37 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         1.0f64..40.0,
         prop_oneof![Just(0.0f64), Just(1e-5), Just(1e-4)],
+        proptest::option::of(1usize..64),
     )
-        .prop_map(|(blocks, bs, seqs, extra, chunk, align, ms, per_key)| {
-            let mut c = SchedulerConfig::new(blocks, bs);
-            c.max_num_seqs = seqs;
-            c.max_num_batched_tokens = seqs + extra;
-            c.max_prefill_chunk = chunk;
-            c.chunk_align = if align {
-                4.min(chunk).min(seqs + extra)
-            } else {
-                1
-            };
-            c.max_model_len = 96;
-            c.max_waiting = 16;
-            c.time_budget = Some(TimeBudget {
-                cost: StepCost {
+        .prop_map(
+            |(blocks, bs, seqs, extra, chunk, align, ms, per_key, relative)| {
+                let mut c = SchedulerConfig::new(blocks, bs);
+                c.max_num_seqs = seqs;
+                c.max_num_batched_tokens = seqs + extra;
+                c.max_prefill_chunk = chunk;
+                c.chunk_align = if align {
+                    4.min(chunk).min(seqs + extra)
+                } else {
+                    1
+                };
+                c.max_model_len = 96;
+                c.max_waiting = 16;
+                let cost = StepCost {
                     fixed_s: 1e-3,
                     per_token_s: 1e-3,
                     per_key_s: per_key,
+                    per_key2_s: 0.0,
                     head_fixed_s: 0.5e-3,
                     per_logit_row_s: 0.2e-3,
-                },
-                budget_s: ms * 1e-3,
-            });
-            c
-        })
+                };
+                // Absolute budgets, or relative to a prompt's predicted step.
+                c.time_budget = Some(match relative {
+                    None => TimeBudget::secs(cost, ms * 1e-3),
+                    Some(tokens) => TimeBudget::relative(cost, ms / 10.0, tokens),
+                });
+                c
+            },
+        )
 }
 
 proptest! {

@@ -4,10 +4,12 @@
 //! 1. One untimed short request (warm-up), then `idle_samples` short requests one after
 //!    another: the idle TTFT.
 //! 2. `long_prompts` requests of `long_prompt_tokens` random words sent at once; while any of
-//!    them runs, short requests are sent one after another with a random gap of up to
-//!    `gap_ms` between them, so they arrive at every phase of the prefill steps. A short
-//!    request counts as *during* the prefill when it was sent before the last long prompt's
-//!    first token; its row also says how many long prompts were still prefilling then.
+//!    them runs, short requests arrive on their own clock, one every `gap_ms` on average
+//!    (uniformly 0.5 to 1.5 times it apart, whether or not the last one has finished), so
+//!    they arrive at every phase of the prefill steps and every server sees the same
+//!    arrivals. A short request counts as *during* the prefill when it was sent before the
+//!    last long prompt's first token; its row also says how many long prompts were still
+//!    prefilling then.
 //!
 //! Every short prompt is a fresh draw of random words, so no request hits the prefix cache.
 //! The report: the medians idle and during (and by how many long prompts were prefilling),
@@ -217,8 +219,9 @@ fn short_spec(rng: &mut StdRng, index: usize, cfg: &LongPrefillConfig) -> ReqSpe
     }
 }
 
+/// The pause between short requests: uniformly 0.5 to 1.5 times `gap_ms`.
 fn gap(rng: &mut StdRng, cfg: &LongPrefillConfig) -> Duration {
-    Duration::from_secs_f64(rng.gen_range(0.0..=cfg.gap_ms.max(0.0)) * 1e-3)
+    Duration::from_secs_f64(rng.gen_range(0.5..=1.5) * cfg.gap_ms.max(0.0) * 1e-3)
 }
 
 async fn measure(client: Client, cfg: &LongPrefillConfig) -> Result<Report> {
@@ -256,15 +259,23 @@ async fn measure(client: Client, cfg: &LongPrefillConfig) -> Result<Report> {
     }
     let mut shorts = Vec::new();
     let mut long_outcomes: Vec<Outcome> = Vec::new();
+    let mut sent = tokio::task::JoinSet::new();
     while !longs.is_empty() {
-        let o = client.send(&next(&mut rng), t1).await;
-        match o.result {
-            Ok(t) => shorts.push((o.start, t.ttft)),
-            Err(e) => failed.push(e),
-        }
+        let spec = next(&mut rng);
+        let c = client.clone();
+        sent.spawn(async move { c.send(&spec, t1).await });
         tokio::time::sleep(gap(&mut rng, cfg)).await;
         while let Some(done) = longs.try_join_next() {
             longs_done(done, &mut failed, &mut long_outcomes);
+        }
+    }
+    while let Some(done) = sent.join_next().await {
+        match done {
+            Ok(o) => match o.result {
+                Ok(t) => shorts.push((o.start, t.ttft)),
+                Err(e) => failed.push(e),
+            },
+            Err(e) => failed.push(format!("a short-request task failed: {e}")),
         }
     }
     Ok(finish(idle_ttft, shorts, long_outcomes, failed))

@@ -15,7 +15,10 @@ use crate::gemm::{parse_dtypes, parse_families, run_gemm, GemmConfig};
 use crate::make_adapters::{parse_targets, run_make_adapters, MakeAdaptersConfig};
 use crate::model::{run_model, ModelConfig};
 use crate::serve::adapters::parse_adapters;
-use crate::serve::{parse_range, run_serve, Endpoint, Load, OutputLen, ServeConfig};
+use crate::serve::{
+    parse_range, run_long_prefill, run_serve, Endpoint, Load, LongPrefillConfig, OutputLen,
+    Scenario, ServeConfig,
+};
 use crate::stats::Repeat;
 
 /// Which arithmetic to benchmark.
@@ -191,6 +194,31 @@ pub enum BenchCommand {
         /// Seed of the prompts, output lengths and arrivals.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// `load`: the clients or arrivals above. `long-prefill`: a short request's TTFT
+        /// while long prompts prefill against the idle server's (the --long-*, --short-*
+        /// and --idle-samples flags; --url, --model, --api-key, --endpoint, --temperature,
+        /// --timeout, --json and --seed apply too).
+        #[arg(long, value_enum, default_value = "load")]
+        scenario: Scenario,
+        /// long-prefill: long prompts sent at once.
+        #[arg(long, default_value_t = 3)]
+        long_prompts: usize,
+        /// long-prefill: approximate tokens of each long prompt.
+        #[arg(long, default_value_t = 3600)]
+        long_prompt_tokens: usize,
+        /// long-prefill: approximate tokens of the short request's prompt.
+        #[arg(long, default_value_t = 30)]
+        short_prompt_tokens: usize,
+        /// long-prefill: output tokens of every request (the long prompts' too).
+        #[arg(long, default_value_t = 4)]
+        short_output_tokens: usize,
+        /// long-prefill: short requests on the idle server.
+        #[arg(long, default_value_t = 8)]
+        idle_samples: usize,
+        /// long-prefill: while the long prompts run, a short request arrives every this many
+        /// milliseconds on average (0.5 to 1.5 times it apart, finished or not).
+        #[arg(long, default_value_t = 1000.0)]
+        short_gap_ms: f64,
     },
     /// Write seeded random PEFT LoRA folders (DIR/a0 .. DIR/a{N-1}) that fit a base model,
     /// for `tessera serve --lora NAME=PATH`; prints each folder and its size, then the
@@ -362,7 +390,36 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             plot,
             seed,
             adapters,
+            scenario,
+            long_prompts,
+            long_prompt_tokens,
+            short_prompt_tokens,
+            short_output_tokens,
+            idle_samples,
+            short_gap_ms,
         } => {
+            if !(timeout.is_finite() && timeout > 0.0) {
+                anyhow::bail!("--timeout must be a positive number of seconds");
+            }
+            if scenario == Scenario::LongPrefill {
+                return run_long_prefill(&LongPrefillConfig {
+                    url,
+                    model,
+                    api_key,
+                    endpoint,
+                    temperature,
+                    timeout: Duration::from_secs_f64(timeout),
+                    seed,
+                    json,
+                    long_prompts,
+                    long_prompt_tokens,
+                    short_prompt_tokens,
+                    output_tokens: short_output_tokens,
+                    idle_samples,
+                    gap_ms: short_gap_ms,
+                    target_ratio: 2.0,
+                });
+            }
             let adapters = adapters.as_deref().map(parse_adapters).transpose()?;
             if concurrency == Some(0) {
                 anyhow::bail!("--concurrency must be positive");
@@ -390,9 +447,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 Some(_) => anyhow::bail!("--duration must be a positive number of seconds"),
                 None => None,
             };
-            if !(timeout.is_finite() && timeout > 0.0) {
-                anyhow::bail!("--timeout must be a positive number of seconds");
-            }
             let output = match output_tokens_range {
                 Some(r) => parse_range(&r)?,
                 None => OutputLen::Fixed(output_tokens),

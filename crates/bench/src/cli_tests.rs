@@ -215,3 +215,50 @@ fn serve_adapters_and_lora_tools() {
         _ => panic!("not plot-lora"),
     }
 }
+
+#[test]
+fn serve_long_prefill_scenario_flags() {
+    let c = Cli::parse_from(["x", "serve", "--url", "u"]);
+    match c.cmd {
+        BenchCommand::Serve {
+            scenario,
+            long_prompts,
+            long_prompt_tokens,
+            short_prompt_tokens,
+            short_output_tokens,
+            ..
+        } => {
+            assert_eq!(scenario, crate::serve::Scenario::Load);
+            assert_eq!(
+                (long_prompts, long_prompt_tokens, short_prompt_tokens),
+                (3, 3600, 30)
+            );
+            assert_eq!(short_output_tokens, 4);
+        }
+        _ => panic!("not serve"),
+    }
+    let c = Cli::parse_from([
+        "x",
+        "serve",
+        "--url",
+        "u",
+        "--scenario",
+        "long-prefill",
+        "--long-prompts",
+        "2",
+        "--short-gap-ms",
+        "250",
+    ]);
+    match c.cmd {
+        BenchCommand::Serve {
+            scenario,
+            long_prompts,
+            short_gap_ms,
+            ..
+        } => {
+            assert_eq!(scenario, crate::serve::Scenario::LongPrefill);
+            assert_eq!((long_prompts, short_gap_ms), (2, 250.0));
+        }
+        _ => panic!("not serve"),
+    }
+}

@@ -21,9 +21,12 @@
 //! - [`sse`]: server-sent event parsing and the per-stream accumulator;
 //! - [`stats`]: percentiles, per-measurement figures and their report;
 //! - [`adapters`]: `--adapters`, requests spread over model names and per-name figures;
-//! - [`runner`]: the HTTP client, the load of one measurement and [`run_serve`].
+//! - [`runner`]: the HTTP client, the load of one measurement and [`run_serve`];
+//! - [`long_prefill`]: `--scenario long-prefill`, a short request's TTFT while long prompts
+//!   prefill against the idle server's.
 
 pub mod adapters;
+pub mod long_prefill;
 pub mod requests;
 pub mod runner;
 pub mod sse;
@@ -35,10 +38,21 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 
+pub use long_prefill::{run_long_prefill, LongPrefillConfig};
 pub use requests::*;
 pub use runner::{base_url, run_serve};
 pub use sse::*;
 pub use stats::*;
+
+/// What `tessera bench serve` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Clients or arrivals as `--concurrency`, `--rate` or `--sweep` say.
+    Load,
+    /// A short request's TTFT while long prompts prefill, against the idle server's (see
+    /// [`long_prefill`]).
+    LongPrefill,
+}
 
 /// Which OpenAI endpoint to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

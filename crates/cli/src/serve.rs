@@ -54,6 +54,14 @@ pub struct ServeArgs {
     /// Longest prefill chunk of one sequence in one step.
     #[arg(long, default_value_t = 64)]
     pub max_prefill_chunk: usize,
+    /// Fill each engine step until its predicted time reaches this many milliseconds
+    /// (--max-batched-tokens stays an upper limit). The prediction is a cost model fitted at
+    /// start-up to the model's measured stage times, attention over the context included, so
+    /// chunks deep in long prompts get fewer tokens and a short request arriving meanwhile
+    /// starts within about one budget. `auto`: 1.5 times the predicted step of a 32-token
+    /// prompt. 0: steps by tokens alone.
+    #[arg(long, default_value = "auto")]
+    pub step_time_budget_ms: String,
     /// Context length (default: the model's, at most 8192).
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -87,6 +95,47 @@ pub struct ServeArgs {
     pub model: ModelArgs,
 }
 
+/// The scheduler's time budget for `--step-time-budget-ms` (`None` for 0): the step-cost
+/// model calibrated on `engine` for steps up to the token budget, said on stderr.
+fn step_time_budget(
+    engine: &tessera_engine::Engine,
+    sched: &tessera_scheduler::SchedulerConfig,
+    arg: &str,
+) -> Result<Option<tessera_scheduler::TimeBudget>> {
+    use tessera_engine::step_cost;
+    let ms = match arg.trim() {
+        "auto" => None,
+        s => match s.parse::<f64>() {
+            Ok(v) if v == 0.0 => return Ok(None),
+            Ok(v) if v > 0.0 && v.is_finite() => Some(v),
+            _ => bail!(
+                "--step-time-budget-ms {arg:?}: expected auto, a positive number of \
+                 milliseconds, or 0"
+            ),
+        },
+    };
+    let cost = step_cost::calibrate(engine, sched.max_num_batched_tokens)
+        .context("calibrating the step-cost model")?;
+    let budget = match ms {
+        None => step_cost::auto_budget(cost),
+        Some(v) => tessera_scheduler::TimeBudget::secs(cost, v * 1e-3),
+    };
+    let (asked, effective) = (budget.budget_s() * 1e3, budget.effective_s() * 1e3);
+    let how = match ms {
+        None => "auto: 1.5x a 32-token prompt's step, refitted with the cost".to_string(),
+        Some(_) if effective > asked => {
+            format!("raised from {asked:.0} ms: the fixed parts take at most a quarter")
+        }
+        Some(_) => "--step-time-budget-ms".to_string(),
+    };
+    eprintln!(
+        "step cost model: {}, refitted to every step; steps filled to {effective:.0} ms \
+         predicted ({how})",
+        step_cost::describe(&cost)
+    );
+    Ok(Some(budget))
+}
+
 pub fn run(args: ServeArgs) -> Result<()> {
     let ServeArgs {
         host,
@@ -102,6 +151,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_num_seqs,
         max_batched_tokens,
         max_prefill_chunk,
+        step_time_budget_ms,
         max_model_len,
         kv_blocks,
         kv_memory_mb,
@@ -170,6 +220,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     sched.max_model_len = max_model_len;
     sched.max_waiting = max_waiting;
     sched.adapter_serial = serial;
+    sched.time_budget = step_time_budget(&engine, &sched, &step_time_budget_ms)?;
     sched
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;

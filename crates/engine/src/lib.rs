@@ -3,7 +3,8 @@
 //! streaming detokenization), the accepted range of every generation parameter ([`params`]),
 //! single-request generation ([`generate`]), perplexity ([`perplexity`]), fetching the default
 //! model ([`store`]), start-up resource checks ([`resources`]: threads, KV memory, context),
-//! the per-step choice of sub-batching under tensor parallelism ([`overlap_plan`]) and tuning
+//! the per-step choice of sub-batching under tensor parallelism ([`overlap_plan`]), the
+//! scheduler's step-cost predictor calibrated from the model ([`step_cost`]) and tuning
 //! ([`tune`]).
 
 pub mod engine;
@@ -16,6 +17,7 @@ pub mod request;
 pub mod resources;
 pub mod sampling;
 pub mod step;
+pub mod step_cost;
 pub mod stop;
 pub mod store;
 pub mod tp;

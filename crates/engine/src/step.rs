@@ -5,6 +5,8 @@
 //! one step: `Scheduler::schedule() -> StepPlan`, the staged forward over the plan's chunks,
 //! sampling (the per-token pipeline of [`crate::live`]), then `Scheduler::update(&plan,
 //! &StepResult)`, and hands back what each request should hear as plain [`RequestEvent`]s.
+//! When the scheduler fills steps by predicted time, each step's measured time rescales the
+//! step cost ([`crate::step_cost::OnlineScale`]) before the next is scheduled.
 //!
 //! Faults stay with the requests they hit: an error or a panic anywhere in the forward or
 //! sampling fails the requests of that step (an error naming one sequence fails that one
@@ -14,6 +16,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Instant;
 
 use tessera_core::{Error, Result};
 use tessera_lora::LoraAdapter;
@@ -24,6 +27,7 @@ use tessera_scheduler::{
 
 use crate::live::LiveRequest;
 use crate::request::{FinishReason, GenerateRequest, RequestEvent, SubmitError};
+use crate::step_cost::OnlineScale;
 use crate::Engine;
 
 /// What one step did.
@@ -38,6 +42,10 @@ pub struct StepOutcome {
     pub preempted: usize,
     /// Requests failed by this step.
     pub failed: usize,
+    /// The step's predicted seconds, when the scheduler fills steps by predicted time.
+    pub predicted_s: Option<f64>,
+    /// Seconds of the step's forward and sampling (0 if it ran nothing).
+    pub forward_s: f64,
 }
 
 /// A test-only fault injected into a step (see [`Engine::fault_hook`]).
@@ -66,6 +74,8 @@ pub struct StepEngine<'e> {
     kv: Vec<KvStorage>,
     ws: Vec<Workspace>,
     live: HashMap<u64, LiveRequest>,
+    /// The step cost scaled to measured steps, with a time budget.
+    scale: Option<OnlineScale>,
 }
 
 impl<'e> StepEngine<'e> {
@@ -74,12 +84,14 @@ impl<'e> StepEngine<'e> {
         let kv = engine.new_kv(cfg.block_size, cfg.num_blocks)?;
         let sched = Scheduler::new(cfg).map_err(|e| Error::Config(format!("scheduler: {e}")))?;
         let kv_len = kv.len();
+        let scale = sched.config().time_budget.map(|t| OnlineScale::new(t.cost));
         Ok(StepEngine {
             engine,
             sched,
             kv,
             ws: (0..kv_len).map(|_| Workspace::new()).collect(),
             live: HashMap::new(),
+            scale,
         })
     }
 
@@ -104,6 +116,36 @@ impl<'e> StepEngine<'e> {
     }
     pub fn kv_metrics(&self) -> KvMetrics {
         self.sched.kv_metrics()
+    }
+
+    /// Whether a time budget's step cost is scaled to measured steps (on by default).
+    pub fn scale_step_cost(&mut self, on: bool) {
+        self.scale = match (on, self.sched.config().time_budget) {
+            (true, Some(t)) => Some(
+                self.scale
+                    .take()
+                    .unwrap_or_else(|| OnlineScale::new(t.cost)),
+            ),
+            _ => None,
+        };
+    }
+
+    /// The factor the step cost is scaled by, if it is.
+    pub fn step_cost_scale(&self) -> Option<f64> {
+        self.scale.as_ref().map(OnlineScale::scale)
+    }
+
+    /// Rescales the step cost with `plan`, which took `secs`, and hands the scheduler the new
+    /// cost.
+    fn rescale(&mut self, plan: &StepPlan, secs: f64) {
+        let (Some(scale), Some(mut tb)) = (self.scale.as_mut(), self.sched.config().time_budget)
+        else {
+            return;
+        };
+        scale.observe(scale.base().plan(plan), secs);
+        tb.cost = scale.cost();
+        // A positive multiple of a valid cost is valid.
+        let _ = self.sched.set_time_budget(Some(tb));
     }
 
     /// Queues request `id` (ids are the caller's and must be unique among live requests).
@@ -134,6 +176,7 @@ impl<'e> StepEngine<'e> {
             tokens: plan.num_tokens(),
             seqs: plan.seqs.len(),
             preempted: plan.preempted.len(),
+            predicted_s: self.sched.config().time_budget.map(|t| t.cost.plan(&plan)),
             ..Default::default()
         };
         // Requests the scheduler ended since the last step (e.g. one outgrowing the cache).
@@ -149,9 +192,12 @@ impl<'e> StepEngine<'e> {
                 panic!("injected crash in step {}", plan.step);
             }
         }
+        let t0 = Instant::now();
         let run = catch_unwind(AssertUnwindSafe(|| self.run_plan(&plan)));
+        out.forward_s = t0.elapsed().as_secs_f64();
         match run {
             Ok(Ok((result, events))) => {
+                self.rescale(&plan, out.forward_s);
                 out.events.extend(events);
                 match self.sched.update(&plan, &result) {
                     Ok(done) => {

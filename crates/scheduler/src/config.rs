@@ -1,6 +1,6 @@
 //! Scheduler configuration and the limits a [`crate::StepPlan`] is validated against.
 
-use crate::SchedError;
+use crate::{SchedError, TimeBudget};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
@@ -32,6 +32,9 @@ pub struct SchedulerConfig {
     /// step by step, as llama.cpp's server batches: the baseline co-batching is measured
     /// against. Off by default.
     pub adapter_serial: bool,
+    /// Fill steps by predicted time as well as tokens (see [`crate::cost`] and the
+    /// scheduler's module docs); `None`: by tokens alone.
+    pub time_budget: Option<TimeBudget>,
 }
 
 impl SchedulerConfig {
@@ -50,6 +53,7 @@ impl SchedulerConfig {
             prefix_caching: true,
             group_by_adapter: true,
             adapter_serial: false,
+            time_budget: None,
         }
     }
 
@@ -85,6 +89,9 @@ impl SchedulerConfig {
             return fail(
                 "chunk_align must be in 1..=min(max_prefill_chunk, max_num_batched_tokens)",
             );
+        }
+        if let Some(t) = &self.time_budget {
+            t.validate()?;
         }
         Ok(())
     }

@@ -8,12 +8,14 @@
 //! any time.
 //!
 //! - [`config`]: configuration and plan limits.
+//! - [`cost`]: the step-cost predictor (predicted step time) for time-budgeted steps.
 //! - [`request`]: requests, status, finish reasons.
 //! - [`plan`]: the plan as plain data and its invariants.
 //! - [`policy`]: admission order (priority, aging), preemption victim, adapter grouping.
 //! - [`scheduler`]: the state machine.
 
 pub mod config;
+pub mod cost;
 mod error;
 pub mod plan;
 pub mod policy;
@@ -21,6 +23,7 @@ pub mod request;
 pub mod scheduler;
 
 pub use config::{Limits, SchedulerConfig};
+pub use cost::{Budget, StepCost, TimeBudget};
 pub use error::SchedError;
 pub use plan::{ScheduledSeq, StepPlan, StepResult};
 pub use request::{FinishReason, Request, Status};

@@ -1,6 +1,7 @@
 //! The hybrid step scheduler, after vLLM v1 (`vllm/v1/core/sched/scheduler.py`) and
 //! Sarathi-Serve's stall-free batching: no prefill or decode phase, each sequence catches
-//! `num_computed` up to its token count under one per-step token budget.
+//! `num_computed` up to its token count under one per-step budget: of tokens, and, with a
+//! [`crate::TimeBudget`], of predicted time.
 //!
 //! A step is built in three passes, each spending the same budget:
 //! 1. one decode token for every running sequence that is caught up (admission order);
@@ -21,6 +22,42 @@
 //! taken out and its tokens returned to the budget. A sequence that alone needs more blocks
 //! than the cache has finishes with `Length`.
 //!
+//! ## Steps budgeted by predicted time
+//!
+//! Tokens are a poor measure of a step's time once prompts are long: a chunk deep in a
+//! 3,600-token prompt attends thousands of keys per token and costs several times what a
+//! chunk at its start does, so a token budget that keeps shallow steps short lets deep ones
+//! run for most of a second, and a short request arriving meanwhile waits for that step and
+//! then shares the next. With `time_budget` set ([`crate::TimeBudget`]: a
+//! [`crate::StepCost`] fitted by the engine from its measured stage profile, and a budget in
+//! seconds), passes 2 and 3 fill the step until its *predicted* time reaches the budget (the
+//! token budget stays an upper limit), so deep chunks get fewer tokens
+//! ([`timed`] holds the arithmetic):
+//!
+//! - the budget is raised, if need be, so the fixed parts take at most a quarter of a step
+//!   ([`crate::TimeBudget::effective_s`]: on a machine too slow or too busy for the budget,
+//!   steps still amortize their overhead);
+//! - the decodes always run; prefill work (pass 2 and 3 together) gets what they leave of
+//!   the budget, and at least a quarter of it however many decodes there are;
+//! - while a request waits, the head of the queue decides the split. If its whole remaining
+//!   prompt fits in the prefill time (a short request), the step is a *short step*: running
+//!   chunks get only the oldest's minimum chunk, then the head and any other waiting request
+//!   that fits whole, and nothing more: the head's time to first token is this step's time,
+//!   so the step is about as short as the head's own prefill. Otherwise running chunks get
+//!   half the prefill time, the head and those after it the rest, and what admissions leave
+//!   goes back to the running chunks;
+//! - running chunks go oldest first, up to an eighth of the prefill time (its minimum chunk
+//!   in a short step) and at least one token (or up to the next `chunk_align` boundary), so
+//!   a long prefill always progresses; then shortest remaining first, so a chunked short
+//!   prompt finishes before long ones go on. When nothing at all progressed, the head of the
+//!   queue is admitted with that minimum chunk, so even a budget too small for one token
+//!   moves the queue.
+//!
+//! A step's predicted time therefore stays within the budget except for the mandatory part:
+//! the decodes with the fixed parts, the prefill floor when decodes alone fill the budget,
+//! and one minimum chunk. A short request arriving while long prompts
+//! prefill waits for the step in flight (at most one budget) and then one short step.
+//!
 //! With `adapter_serial`, a step takes the sequences of one adapter only (the running
 //! adapters take turns step by step; with none running, the first admissible request's).
 //!
@@ -29,16 +66,20 @@
 //!
 //! State changes only in `schedule` (allocations, admissions, preemptions) and in `update`,
 //! `finish` and `abort`; `num_computed` advances in `update`, so a plan is applied exactly
-//! once (a stale entry, whose `start_pos` no longer matches, is skipped).
+//! once (a stale entry, whose `start_pos` no longer matches, is skipped). Building a step is
+//! in `fill` (the decode pass, the token-budget passes, what both budgets share) and
+//! [`timed`] (the time-budget passes).
+
+mod fill;
+pub mod timed;
 
 use std::collections::{HashMap, HashSet};
 
-use tessera_kv::{KvError, KvManager, KvMetrics};
+use tessera_kv::{KvManager, KvMetrics};
 
 use crate::plan::{ScheduledSeq, StepPlan, StepResult};
-use crate::policy;
 use crate::request::{FinishReason, Request, SeqState, Status};
-use crate::{SchedError, SchedulerConfig};
+use crate::{SchedError, SchedulerConfig, TimeBudget};
 
 #[derive(Debug)]
 pub struct Scheduler {
@@ -62,6 +103,8 @@ struct Pick {
     id: u64,
     start: usize,
     len: usize,
+    /// The chunk reaches the sequence's last known token (samples the next).
+    logits: bool,
 }
 
 impl Scheduler {
@@ -109,6 +152,16 @@ impl Scheduler {
     /// Tokens generated so far (kept until the finish is reported).
     pub fn generated(&self, id: u64) -> Option<&[u32]> {
         self.seqs.get(&id).map(|s| s.generated())
+    }
+
+    /// Replaces the step-time budget from the next `schedule` on (the engine refits the
+    /// step cost to the steps it measures). An invalid one is refused and nothing changes.
+    pub fn set_time_budget(&mut self, t: Option<TimeBudget>) -> Result<(), SchedError> {
+        if let Some(t) = &t {
+            t.validate()?;
+        }
+        self.cfg.time_budget = t;
+        Ok(())
     }
 
     /// Queues a request. Rejects it at once if it can never run or the queue is full.
@@ -171,261 +224,6 @@ impl Scheduler {
     /// The client went away: frees everything the request holds, wherever it is.
     pub fn abort(&mut self, id: u64) -> bool {
         self.finish(id, FinishReason::Aborted)
-    }
-
-    /// Chunk length for a sequence at `start` with `remaining` tokens and `budget` left.
-    fn chunk_len(&self, start: usize, remaining: usize, budget: usize) -> usize {
-        let n = remaining.min(budget).min(self.cfg.max_prefill_chunk);
-        if n == remaining || self.cfg.chunk_align <= 1 {
-            return n;
-        }
-        let end = (start + n) / self.cfg.chunk_align * self.cfg.chunk_align;
-        end.saturating_sub(start)
-    }
-
-    /// Builds the next step. Never fails: requests that cannot proceed are preempted or
-    /// finished and reported in the plan.
-    pub fn schedule(&mut self) -> StepPlan {
-        self.step += 1;
-        let mut budget = self.cfg.max_num_batched_tokens;
-        let mut picks: Vec<Pick> = Vec::new();
-        let mut preempted: Vec<u64> = Vec::new();
-        let mut deferred: Vec<u64> = Vec::new();
-
-        // While requests wait and could be admitted, partial prefills of running sequences
-        // leave half the budget to them: a short request arriving during a long prompt's
-        // prefill starts in the next step instead of after the whole prompt.
-        let reserve = if !self.waiting.is_empty() && self.running.len() < self.cfg.max_num_seqs {
-            self.cfg.max_num_batched_tokens / 2
-        } else {
-            0
-        };
-        let only = self.serial_adapter();
-        let excluded = |st: &SeqState| only.is_some_and(|a| st.adapter != a);
-        // Passes 1 and 2: running sequences, decodes first.
-        for decode_pass in [true, false] {
-            for id in self.running.clone() {
-                let Some(st) = self.seqs.get(&id) else {
-                    continue;
-                };
-                if st.status != Status::Running || picks.iter().any(|p| p.id == id) || excluded(st)
-                {
-                    continue;
-                }
-                let remaining = st.remaining();
-                if (remaining == 1) != decode_pass || remaining == 0 {
-                    continue;
-                }
-                let start = st.num_computed;
-                let avail = if decode_pass {
-                    budget
-                } else {
-                    budget.saturating_sub(reserve)
-                };
-                let len = self.chunk_len(start, remaining, avail);
-                if len == 0 {
-                    if !decode_pass && reserve > 0 {
-                        deferred.push(id);
-                    }
-                    continue;
-                }
-                if self.grow_or_preempt(id, start + len, &mut picks, &mut budget, &mut preempted) {
-                    picks.push(Pick { id, start, len });
-                    budget -= len;
-                }
-            }
-        }
-
-        // Pass 3: admissions.
-        if preempted.is_empty() {
-            self.admit(&mut picks, &mut budget, only);
-        }
-
-        // Pass 2 again for chunks the reserve held back, with what admissions left over, so
-        // running prefills always progress when nothing could be admitted.
-        for id in deferred {
-            let Some(st) = self.seqs.get(&id) else {
-                continue;
-            };
-            if st.status != Status::Running || picks.iter().any(|p| p.id == id) {
-                continue;
-            }
-            let (start, remaining) = (st.num_computed, st.remaining());
-            let len = self.chunk_len(start, remaining, budget);
-            if len > 0
-                && self.grow_or_preempt(id, start + len, &mut picks, &mut budget, &mut preempted)
-            {
-                picks.push(Pick { id, start, len });
-                budget -= len;
-            }
-        }
-
-        let plan = self.build_plan(picks, preempted);
-        debug_assert!(
-            plan.validate(&self.cfg.limits()).is_ok(),
-            "{:?}",
-            plan.validate(&self.cfg.limits())
-        );
-        plan
-    }
-
-    /// Makes `id`'s table cover `positions`, preempting victims as needed. Returns false if
-    /// `id` itself was preempted or finished instead.
-    fn grow_or_preempt(
-        &mut self,
-        id: u64,
-        positions: usize,
-        picks: &mut Vec<Pick>,
-        budget: &mut usize,
-        preempted: &mut Vec<u64>,
-    ) -> bool {
-        loop {
-            match self.kv.allocate_for(id, positions) {
-                Ok(()) => return true,
-                Err(KvError::OutOfBlocks { .. }) => {}
-                Err(_) => return false,
-            }
-            if self.kv.blocks_for(positions) > self.cfg.num_blocks {
-                self.finish(id, FinishReason::Length);
-                return false;
-            }
-            let candidates: Vec<(u64, (i32, u64))> = self
-                .running
-                .iter()
-                .filter_map(|r| self.seqs.get(r).map(|s| (*r, (s.priority, s.admitted))))
-                .collect();
-            let Some(v) = policy::victim(candidates.iter().map(|c| c.1)) else {
-                return false;
-            };
-            let victim = candidates[v].0;
-            if let Some(i) = picks.iter().position(|p| p.id == victim) {
-                *budget += picks.remove(i).len;
-            }
-            self.preempt(victim);
-            preempted.push(victim);
-            if victim == id {
-                return false;
-            }
-        }
-    }
-
-    fn preempt(&mut self, id: u64) {
-        if self.kv.has_seq(id) {
-            let _ = self.kv.free_seq(id);
-        }
-        self.running.retain(|&r| r != id);
-        if let Some(st) = self.seqs.get_mut(&id) {
-            st.status = Status::Preempted;
-            st.num_computed = 0;
-            self.waiting.push(id);
-        }
-    }
-
-    /// Waiting ids in admission order.
-    fn admission_order(&self) -> Vec<u64> {
-        let (step, aging) = (self.step, self.cfg.aging_steps);
-        let mut order: Vec<(i64, u64, u64)> = self
-            .waiting
-            .iter()
-            .filter_map(|id| self.seqs.get(id))
-            .map(|s| {
-                let waited = step.saturating_sub(s.arrival_step);
-                let (p, a) = policy::admission_key(s.priority, s.arrival, waited, aging);
-                (p, a, s.id)
-            })
-            .collect();
-        order.sort_unstable();
-        order.into_iter().map(|o| o.2).collect()
-    }
-
-    /// With `adapter_serial`, the one adapter (`Some(None)`: the base model) this step runs.
-    fn serial_adapter(&self) -> Option<Option<u64>> {
-        if !self.cfg.adapter_serial {
-            return None;
-        }
-        let mut active: Vec<Option<u64>> = Vec::new();
-        for st in self.running.iter().filter_map(|id| self.seqs.get(id)) {
-            if !active.contains(&st.adapter) {
-                active.push(st.adapter);
-            }
-        }
-        if active.is_empty() {
-            let first = self.admission_order().first().copied()?;
-            return Some(self.seqs.get(&first)?.adapter);
-        }
-        Some(active[(self.step as usize) % active.len()])
-    }
-
-    fn admit(&mut self, picks: &mut Vec<Pick>, budget: &mut usize, only: Option<Option<u64>>) {
-        let mut order = self.admission_order();
-        if let Some(a) = only {
-            order.retain(|id| self.seqs.get(id).is_some_and(|s| s.adapter == a));
-        }
-        for id in order {
-            if self.running.len() >= self.cfg.max_num_seqs || *budget == 0 {
-                break;
-            }
-            let Some(st) = self.seqs.get(&id) else {
-                continue;
-            };
-            let cached = self.kv.peek_prefix(st.adapter, &st.tokens);
-            let len = self.chunk_len(cached, st.tokens.len() - cached, *budget);
-            if len == 0 {
-                break;
-            }
-            match self.kv.admit(id, st.adapter, &st.tokens, cached + len) {
-                Ok(c) => debug_assert_eq!(c, cached),
-                Err(_) => break,
-            }
-            let admitted = self.next_admission;
-            self.next_admission += 1;
-            if let Some(st) = self.seqs.get_mut(&id) {
-                st.status = Status::Running;
-                st.num_computed = cached;
-                st.admitted = admitted;
-            }
-            self.waiting.retain(|&w| w != id);
-            self.running.push(id);
-            picks.push(Pick {
-                id,
-                start: cached,
-                len,
-            });
-            *budget -= len;
-        }
-    }
-
-    fn build_plan(&mut self, picks: Vec<Pick>, preempted: Vec<u64>) -> StepPlan {
-        let mut seqs: Vec<ScheduledSeq> = picks
-            .into_iter()
-            .filter_map(|p| {
-                let st = self.seqs.get(&p.id)?;
-                let end = p.start + p.len;
-                Some(ScheduledSeq {
-                    id: p.id,
-                    start_pos: p.start,
-                    tokens: st.tokens[p.start..end].to_vec(),
-                    block_table: self.kv.block_table(p.id)?.to_vec(),
-                    wants_logits: end == st.tokens.len(),
-                    adapter: st.adapter,
-                })
-            })
-            .collect();
-        if self.cfg.group_by_adapter {
-            seqs = policy::group_stable(seqs, |s| s.adapter);
-        }
-        let finished = std::mem::take(&mut self.finished);
-        for (id, _) in &finished {
-            if self.seqs.get(id).is_some_and(|s| !s.is_live()) {
-                self.seqs.remove(id);
-            }
-        }
-        StepPlan {
-            step: self.step,
-            seqs,
-            preempted,
-            finished,
-        }
     }
 
     /// Applies a step's results: first ends the requests the engine finished (EOS, stop

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use common::*;
 use proptest::prelude::*;
-use tessera_scheduler::{FinishReason, Request, Scheduler, SchedulerConfig};
+use tessera_scheduler::{FinishReason, Request, Scheduler, SchedulerConfig, StepCost, TimeBudget};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -43,23 +43,40 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         any::<bool>(),
         0u64..4,
         any::<bool>(),
+        proptest::option::of((0.5f64..20.0, prop_oneof![Just(0.0f64), Just(1e-4)])),
     )
-        .prop_map(|(blocks, bs, seqs, extra, chunk, prefix, aging, align)| {
-            let mut c = SchedulerConfig::new(blocks, bs);
-            c.max_num_seqs = seqs;
-            c.max_num_batched_tokens = seqs + extra;
-            c.max_prefill_chunk = chunk;
-            c.chunk_align = if align {
-                4.min(chunk).min(seqs + extra)
-            } else {
-                1
-            };
-            c.max_model_len = 48;
-            c.max_waiting = 16;
-            c.prefix_caching = prefix;
-            c.aging_steps = aging;
-            c
-        })
+        .prop_map(
+            |(blocks, bs, seqs, extra, chunk, prefix, aging, align, time)| {
+                let mut c = SchedulerConfig::new(blocks, bs);
+                c.max_num_seqs = seqs;
+                c.max_num_batched_tokens = seqs + extra;
+                c.max_prefill_chunk = chunk;
+                c.chunk_align = if align {
+                    4.min(chunk).min(seqs + extra)
+                } else {
+                    1
+                };
+                c.max_model_len = 48;
+                c.max_waiting = 16;
+                c.prefix_caching = prefix;
+                c.aging_steps = aging;
+                // Half the cases fill steps by predicted time (milliseconds, per-key cost).
+                c.time_budget = time.map(|(ms, per_key)| {
+                    TimeBudget::secs(
+                        StepCost {
+                            fixed_s: 1e-3,
+                            per_token_s: 1e-3,
+                            per_key_s: per_key,
+                            per_key2_s: 0.0,
+                            head_fixed_s: 0.5e-3,
+                            per_logit_row_s: 0.2e-3,
+                        },
+                        ms * 1e-3,
+                    )
+                });
+                c
+            },
+        )
 }
 
 type Seen = HashMap<u64, Vec<u32>>;

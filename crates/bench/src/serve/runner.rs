@@ -42,7 +42,7 @@ fn err_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-struct Client {
+pub(super) struct Client {
     http: reqwest::Client,
     url: String,
     api_key: Option<String>,
@@ -56,7 +56,7 @@ struct Client {
 
 impl Client {
     /// Sends one request and reads its stream to the end; never panics.
-    async fn send(&self, spec: &ReqSpec, t0: Instant) -> Outcome {
+    pub(super) async fn send(&self, spec: &ReqSpec, t0: Instant) -> Outcome {
         let start = t0.elapsed().as_secs_f64();
         let sent = Instant::now();
         let result = match tokio::time::timeout(self.timeout, self.stream(spec, sent)).await {
@@ -294,20 +294,34 @@ pub fn run_serve(cfg: &ServeConfig) -> Result<()> {
             None
         }
     };
+    runtime()?.block_on(run_async(cfg, file))
+}
+
+/// The client's runtime: up to 4 worker threads.
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime> {
     let threads = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .clamp(1, 4);
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .enable_all()
-        .build()?;
-    rt.block_on(run_async(cfg, file))
+        .build()?)
 }
 
-async fn run_async(cfg: &ServeConfig, file: Option<Arc<Vec<String>>>) -> Result<()> {
-    let base = base_url(&cfg.url);
+/// The HTTP client for `url` and the model name its requests send (`model`, else the first
+/// of `GET /v1/models`, else none), checking the URL.
+pub(super) async fn connect(
+    url: &str,
+    api_key: Option<String>,
+    model: Option<String>,
+    adapters: Option<Vec<String>>,
+    endpoint: Endpoint,
+    temperature: f64,
+    timeout: Duration,
+) -> Result<(Client, Option<String>)> {
+    let base = base_url(url);
     if !base.starts_with("http://") && !base.starts_with("https://") {
-        bail!("--url must start with http:// (got {:?})", cfg.url);
+        bail!("--url must start with http:// (got {url:?})");
     }
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -315,11 +329,11 @@ async fn run_async(cfg: &ServeConfig, file: Option<Arc<Vec<String>>>) -> Result<
         .pool_max_idle_per_host(1024)
         .build()
         .context("building the HTTP client")?;
-    let model = match (&cfg.adapters, &cfg.model) {
+    let model = match (&adapters, model) {
         // The names requests take in turn; the report's model is the list.
         (Some(names), _) => Some(names.join(",")),
-        (None, Some(m)) => Some(m.clone()),
-        (None, None) => match first_model(&http, &base, cfg.api_key.as_deref()).await {
+        (None, Some(m)) => Some(m),
+        (None, None) => match first_model(&http, &base, api_key.as_deref()).await {
             Ok(m) => Some(m),
             Err(e) => {
                 eprintln!("note: GET {base}/v1/models failed ({e}); sending no model name");
@@ -329,14 +343,28 @@ async fn run_async(cfg: &ServeConfig, file: Option<Arc<Vec<String>>>) -> Result<
     };
     let client = Client {
         http,
-        url: format!("{base}{}", cfg.endpoint.path()),
-        api_key: cfg.api_key.clone(),
+        url: format!("{base}{}", endpoint.path()),
+        api_key,
         model: model.clone(),
-        adapters: cfg.adapters.clone().map(Arc::new),
-        endpoint: cfg.endpoint,
-        temperature: cfg.temperature,
-        timeout: cfg.timeout,
+        adapters: adapters.map(Arc::new),
+        endpoint,
+        temperature,
+        timeout,
     };
+    Ok((client, model))
+}
+
+async fn run_async(cfg: &ServeConfig, file: Option<Arc<Vec<String>>>) -> Result<()> {
+    let (client, model) = connect(
+        &cfg.url,
+        cfg.api_key.clone(),
+        cfg.model.clone(),
+        cfg.adapters.clone(),
+        cfg.endpoint,
+        cfg.temperature,
+        cfg.timeout,
+    )
+    .await?;
     let mut client = Some(client);
 
     if cfg.warmup > 0 {

@@ -1,0 +1,556 @@
+//! The scheduler's step-cost predictor ([`tessera_scheduler::StepCost`]) calibrated from this
+//! engine's model: its stage profile (the one tensor parallelism's sub-batch planner uses,
+//! [`crate::overlap_plan::measure_profile`]) turned into a step-time model
+//! ([`tessera_sim::StepModel`]) and that model's predictions fitted to the scheduler's few
+//! linear terms. Under tensor parallelism the group's calibrated model is reused (its link
+//! included); otherwise the profile is measured here at start-up, twice, keeping each
+//! figure's smaller time (a core taken by another process only ever adds time; about 1 s for
+//! SmolLM2-135M on 2 threads).
+//!
+//! The profile's per-key figure is the average over a 1,024-token prefill; a key costs more
+//! deep in a long context (the keys outgrow the caches), so one more prefill, of
+//! [`DEEP_PROBE`] tokens, gives a second average, and the two fix the cost of a key as
+//! `per_key + per_key2 × position` (about 1.5 s more on 2 threads).
+//!
+//! Served steps run on a machine others may share: [`OnlineScale`] scales the whole cost by
+//! a factor tracking measured steps over predicted ones (a moving average of their log
+//! ratio), so a budget in milliseconds stays one in real time. (A relative budget scales
+//! with the cost, so its steps keep their tokens.)
+
+use tessera_core::Result;
+use tessera_model::SubBatching;
+use tessera_parallel::link::CommCost;
+use tessera_scheduler::{StepCost, TimeBudget};
+use tessera_sim::{MeasuredProfile, StepModel, StepShape};
+
+use crate::overlap_plan;
+use crate::Engine;
+
+/// Row counts whose predicted times the per-token line is fitted through.
+const FIT_ROWS: [usize; 6] = [1, 4, 16, 64, 128, 256];
+/// Context of the one-row step whose extra time over a fresh row gives the per-key cost.
+const KEY_PROBE: usize = 1024;
+/// Logits-row counts the head's line is fitted through.
+const HEAD_ROWS: [usize; 2] = [1, 64];
+
+/// Predicted seconds of `shape` in one sub-batch.
+fn predict(model: &StepModel, shape: &StepShape) -> f64 {
+    model.predict(shape, SubBatching::WHOLE).step
+}
+
+/// `n` one-row sequences at position 0 (almost no attention), no logits.
+fn rows(n: usize) -> StepShape {
+    StepShape {
+        seq_rows: vec![1; n],
+        seq_start: vec![0; n],
+        logit_rows: 0,
+    }
+}
+
+/// Least-squares line `a + b·x` through `(x, y)` points weighted by `1/y²` (relative
+/// errors, so small steps count as much as large ones); `b` is at least a tiny positive
+/// slope.
+fn fit_line(points: &[(f64, f64)]) -> (f64, f64) {
+    let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(x, y) in points {
+        let w = 1.0 / (y * y).max(1e-18);
+        sw += w;
+        sx += w * x;
+        sy += w * y;
+        sxx += w * x * x;
+        sxy += w * x * y;
+    }
+    let det = sw * sxx - sx * sx;
+    if points.len() < 2 || det.abs() < 1e-30 {
+        let (x, y) = points.first().copied().unwrap_or((1.0, 0.0));
+        return (0.0, (y / x.max(1.0)).max(1e-12));
+    }
+    let b = (sw * sxy - sx * sy) / det;
+    let a = (sy - b * sx) / sw;
+    (a, b.max(1e-12))
+}
+
+/// Average seconds (every layer) of one key attended over the prefill of a fresh
+/// `rows`-token prompt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyAverage {
+    pub rows: usize,
+    pub per_key_s: f64,
+}
+
+/// `per_key + per_key2 × position` from two [`KeyAverage`]s: over a prefill of `n` rows the
+/// keys attended average `per_key + per_key2 × (2n − 1) / 3`. Neither is negative; with one
+/// average (or two at the same length) the cost is flat.
+pub fn key_terms(a: KeyAverage, b: Option<KeyAverage>) -> (f64, f64) {
+    let depth = |k: &KeyAverage| (2.0 * k.rows as f64 - 1.0) / 3.0;
+    let Some(b) = b.filter(|b| b.rows > a.rows) else {
+        return (a.per_key_s.max(0.0), 0.0);
+    };
+    let k2 = ((b.per_key_s - a.per_key_s) / (depth(&b) - depth(&a))).max(0.0);
+    let k1 = a.per_key_s - k2 * depth(&a);
+    if k1 >= 0.0 {
+        (k1, k2)
+    } else {
+        // Through the origin and the deeper average.
+        (0.0, (b.per_key_s / depth(&b)).max(0.0))
+    }
+}
+
+/// The scheduler's cost terms from `model`'s predictions: the per-token line fitted through
+/// steps of up to `max_rows` fresh rows (the intercept, never negative, is the fixed part),
+/// the per-key terms from the profile's average over a `probe_rows` prefill and `deep`, a
+/// second one ([`key_terms`]), and the head's line through one and 64 logits rows.
+pub fn fit(
+    model: &StepModel,
+    max_rows: usize,
+    probe_rows: usize,
+    deep: Option<KeyAverage>,
+) -> StepCost {
+    let top = max_rows.clamp(16, *FIT_ROWS.last().expect("rows"));
+    let pts: Vec<(f64, f64)> = FIT_ROWS
+        .iter()
+        .filter(|&&n| n <= top)
+        .map(|&n| (n as f64, predict(model, &rows(n))))
+        .collect();
+    let (fixed, per_token) = fit_line(&pts);
+    let fresh = predict(model, &rows(1));
+    let probe = predict(
+        model,
+        &StepShape {
+            seq_rows: vec![1],
+            seq_start: vec![KEY_PROBE],
+            logit_rows: 0,
+        },
+    );
+    let profiled = KeyAverage {
+        rows: probe_rows,
+        per_key_s: ((probe - fresh) / KEY_PROBE as f64).max(0.0),
+    };
+    let (per_key, per_key2) = key_terms(profiled, deep);
+    let head: Vec<f64> = HEAD_ROWS
+        .iter()
+        .map(|&k| {
+            let mut s = rows(k);
+            s.logit_rows = k;
+            predict(model, &s) - predict(model, &rows(k))
+        })
+        .collect();
+    let per_logit_row = ((head[1] - head[0]) / (HEAD_ROWS[1] - HEAD_ROWS[0]) as f64).max(0.0);
+    StepCost {
+        fixed_s: fixed.max(0.0),
+        per_token_s: per_token,
+        per_key_s: per_key,
+        per_key2_s: per_key2,
+        head_fixed_s: (head[0] - per_logit_row).max(0.0),
+        per_logit_row_s: per_logit_row,
+    }
+}
+
+/// Each figure of `a` and `b` (profiles of the same ladders) at its smaller value.
+pub fn min_profile(a: &MeasuredProfile, b: &MeasuredProfile) -> MeasuredProfile {
+    let mut m = a.clone();
+    for (p, q) in m.points.iter_mut().zip(&b.points) {
+        if p.rows == q.rows {
+            p.attn_s = p.attn_s.min(q.attn_s);
+            p.mlp_s = p.mlp_s.min(q.mlp_s);
+        }
+    }
+    for (p, q) in m.head.iter_mut().zip(&b.head) {
+        if p.0 == q.0 {
+            p.1 = p.1.min(q.1);
+        }
+    }
+    m.attn_s_per_key = a.attn_s_per_key.min(b.attn_s_per_key);
+    m.embed_s_per_row = a.embed_s_per_row.min(b.embed_s_per_row);
+    m
+}
+
+/// The step-time model of this engine: the tensor-parallel group's, or one measured now on
+/// the engine's compute units (the smaller figures of two measurements).
+pub fn step_model(engine: &Engine) -> Result<StepModel> {
+    if let Some(m) = engine.step_model() {
+        return Ok(m);
+    }
+    let measure = || overlap_plan::measure_profile(&engine.model, &engine.ctx());
+    let profile = min_profile(&measure()?, &measure()?);
+    Ok(overlap_plan::step_model(
+        &engine.config,
+        1,
+        profile,
+        CommCost::FREE,
+        0.0,
+    ))
+}
+
+/// Length of the second prefill timed for the per-key terms (at most the model's context).
+pub const DEEP_PROBE: usize = 2048;
+
+/// The [`KeyAverage`] of a fresh prefill of [`DEEP_PROBE`] tokens (or the model's context)
+/// on this engine's compute units: layer 0's attention time beyond that of as many one-row
+/// sequences (from `model`'s profile), per key, times the layers. `None` when the context is
+/// no longer than the profile's own probe.
+pub fn measure_deep(engine: &Engine, model: &StepModel) -> Result<Option<KeyAverage>> {
+    let n = DEEP_PROBE.min(engine.config.max_position);
+    if n <= profile_probe_rows(engine) {
+        return Ok(None);
+    }
+    let t = engine.model.time_stages(&engine.ctx(), &[n], 1)?;
+    let extra = (t.attn_s - model.compute.attn(n, n)).max(0.0);
+    let keys = (n * (n - 1) / 2) as f64;
+    Ok(Some(KeyAverage {
+        rows: n,
+        per_key_s: extra / keys * model.layers as f64,
+    }))
+}
+
+/// The length of the prefill the stage profile takes its per-key figure from.
+fn profile_probe_rows(engine: &Engine) -> usize {
+    let top = *overlap_plan::PROFILE_ROWS.last().expect("a ladder");
+    top.min(engine.config.max_position)
+}
+
+/// The scheduler's predictor for steps of up to `max_rows` rows: [`fit`] of [`step_model`]
+/// with [`measure_deep`].
+pub fn calibrate(engine: &Engine, max_rows: usize) -> Result<StepCost> {
+    let model = step_model(engine)?;
+    let deep = measure_deep(engine, &model)?;
+    Ok(fit(&model, max_rows, profile_probe_rows(engine), deep))
+}
+
+/// Prompt tokens of the reference short request the default budget is sized for.
+pub const REFERENCE_PROMPT: usize = 32;
+/// The default budget over the reference request's own predicted step.
+pub const DEFAULT_BUDGET_FACTOR: f64 = 1.5;
+
+/// The default step-time budget with cost `c`: 1.5 times the predicted step of a fresh
+/// 32-token prompt, following the cost as it is refitted. Such a request then completes its
+/// prefill in one step, and one arriving while long prompts prefill waits for the step in
+/// flight (on average half a budget) and then its own step: about 1.75 times its time on an
+/// idle server. Slower machines (or models) get a proportionally larger budget.
+pub fn auto_budget(c: StepCost) -> TimeBudget {
+    TimeBudget::relative(c, DEFAULT_BUDGET_FACTOR, REFERENCE_PROMPT)
+}
+
+/// Weight of each step in [`OnlineScale`]'s moving average (a memory of about ten steps).
+pub const SMOOTH: f64 = 0.1;
+/// Range of [`OnlineScale`]'s factor.
+pub const SCALES: (f64, f64) = (0.1, 10.0);
+/// A step counts as at most this many times its prediction, and at least its inverse (a
+/// step the OS held up does not swing the factor).
+const CLIP: f64 = 3.0;
+
+/// The step cost scaled to measured steps: `base` times a factor, the exponential moving
+/// average of the log ratio of each step's measured seconds to its prediction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnlineScale {
+    base: StepCost,
+    log_scale: f64,
+    steps: u64,
+}
+
+impl OnlineScale {
+    pub fn new(base: StepCost) -> Self {
+        OnlineScale {
+            base,
+            log_scale: 0.0,
+            steps: 0,
+        }
+    }
+
+    /// Takes a step predicted at `base_s` seconds under the base cost that took `secs`.
+    pub fn observe(&mut self, base_s: f64, secs: f64) {
+        let pred = base_s * self.scale();
+        if !(pred > 0.0 && pred.is_finite() && secs > 0.0 && secs.is_finite()) {
+            return;
+        }
+        let r = (secs / pred).ln().clamp(-CLIP.ln(), CLIP.ln());
+        self.log_scale = (self.log_scale + SMOOTH * r).clamp(SCALES.0.ln(), SCALES.1.ln());
+        self.steps += 1;
+    }
+
+    pub fn scale(&self) -> f64 {
+        self.log_scale.exp()
+    }
+
+    /// Steps observed.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    pub fn base(&self) -> &StepCost {
+        &self.base
+    }
+
+    /// The scaled cost.
+    pub fn cost(&self) -> StepCost {
+        let (c, k) = (&self.base, self.scale());
+        StepCost {
+            fixed_s: c.fixed_s * k,
+            per_token_s: c.per_token_s * k,
+            per_key_s: c.per_key_s * k,
+            per_key2_s: c.per_key2_s * k,
+            head_fixed_s: c.head_fixed_s * k,
+            per_logit_row_s: c.per_logit_row_s * k,
+        }
+    }
+}
+
+/// One line describing `c` (start-up notes, benchmarks).
+pub fn describe(c: &StepCost) -> String {
+    format!(
+        "{:.2} ms + {:.3} ms/token + ({:.2} + {:.2}/1k positions) µs/key attended + logits \
+         {:.2} ms + {:.3} ms/row",
+        c.fixed_s * 1e3,
+        c.per_token_s * 1e3,
+        c.per_key_s * 1e6,
+        c.per_key2_s * 1e9,
+        c.head_fixed_s * 1e3,
+        c.per_logit_row_s * 1e3
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tessera_sim::{MeasuredProfile, StagePoint};
+
+    use super::*;
+
+    /// A profile whose stages are exactly `a + b·rows` per layer, attention `k` per key.
+    fn linear(layers: usize, a: f64, b: f64, k: f64) -> StepModel {
+        let points = [1, 16, 256, 1024]
+            .iter()
+            .map(|&r| StagePoint {
+                rows: r,
+                attn_s: a + b * r as f64,
+                mlp_s: a + b * r as f64,
+            })
+            .collect();
+        StepModel {
+            layers,
+            hidden: 64,
+            vocab: 100,
+            ranks: 1,
+            act_bytes: 4,
+            compute: Arc::new(MeasuredProfile {
+                points,
+                attn_s_per_key: k,
+                head: vec![(1, 3e-3), (64, 3e-3 + 63.0 * 1e-5)],
+                embed_s_per_row: 0.0,
+            }),
+            comm: CommCost::FREE,
+            embed_reduced: false,
+            comm_cpu_share: 0.0,
+        }
+    }
+
+    #[test]
+    fn linear_profiles_are_fitted_exactly() {
+        let m = linear(30, 1e-4, 2e-5, 3e-9);
+        let c = fit(&m, 128, 1024, None);
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 + 1e-6 * y.abs();
+        assert!(close(c.fixed_s, 30.0 * 2.0 * 1e-4), "{c:?}");
+        assert!(close(c.per_token_s, 30.0 * 2.0 * 2e-5), "{c:?}");
+        assert!(close(c.per_key_s, 30.0 * 3e-9), "{c:?}");
+        assert!(close(c.per_logit_row_s, 1e-5), "{c:?}");
+        assert!(close(c.head_fixed_s, 3e-3 - 1e-5), "{c:?}");
+        // The fitted terms predict the model's own steps, attention and head included.
+        let shape = StepShape {
+            seq_rows: vec![40, 1],
+            seq_start: vec![500, 90],
+            logit_rows: 1,
+        };
+        let want = predict(&m, &shape);
+        let got = c.step([(500, 40, false), (90, 1, true)]);
+        assert!(close(got, want), "{got} {want}");
+    }
+
+    #[test]
+    fn the_default_budget_holds_the_reference_request() {
+        let c = fit(&linear(30, 1e-4, 2e-5, 3e-9), 128, 1024, None);
+        let b = auto_budget(c).budget_s();
+        let own = c.step([(0, REFERENCE_PROMPT, true)]);
+        assert!((b / own - DEFAULT_BUDGET_FACTOR).abs() < 1e-12);
+        assert!(c.step([(0, 30, true)]) < b - c.fixed_s);
+    }
+
+    fn base() -> StepCost {
+        StepCost {
+            fixed_s: 3e-3,
+            per_token_s: 1.3e-3,
+            per_key_s: 1.1e-6,
+            per_key2_s: 1e-9,
+            head_fixed_s: 1e-3,
+            per_logit_row_s: 0.4e-3,
+        }
+    }
+
+    /// A mix of step shapes: prompts, decodes, deep chunks.
+    fn shapes(n: usize) -> Vec<Vec<(usize, usize, bool)>> {
+        (0..n)
+            .map(|i| match i % 4 {
+                0 => vec![(0, 30 + i % 17, true)],
+                1 => (0..16).map(|s| (100 + 10 * s + i % 7, 1, true)).collect(),
+                2 => vec![(2000 + 7 * i, 12, false), (50, 1, true)],
+                _ => vec![(500, 40, false), (3000, 3, true)],
+            })
+            .collect()
+    }
+
+    #[test]
+    fn two_key_averages_give_the_growth_with_depth() {
+        // A key at position p costs 1 µs + 2 ns × p: over a prefill of n rows the keys
+        // average 1 µs + 2 ns × (2n − 1) / 3.
+        let avg = |n: usize| KeyAverage {
+            rows: n,
+            per_key_s: 1e-6 + 2e-9 * (2.0 * n as f64 - 1.0) / 3.0,
+        };
+        let (k1, k2) = key_terms(avg(1024), Some(avg(2048)));
+        assert!(
+            (k1 - 1e-6).abs() < 1e-15 && (k2 - 2e-9).abs() < 1e-18,
+            "{k1} {k2}"
+        );
+        // The naive sum over a prefill agrees with the averages.
+        let n = 2048;
+        let cost = StepCost {
+            per_key_s: k1,
+            per_key2_s: k2,
+            ..base()
+        };
+        let naive: f64 = (0..n).map(|p| (k1 + k2 * p as f64) * p as f64).sum();
+        let keys = (n * (n - 1) / 2) as f64;
+        let fitted = cost.chunk(0, n, false) - cost.per_token_s * n as f64;
+        assert!((fitted / naive - 1.0).abs() < 1e-9);
+        assert!((naive / keys - avg(n).per_key_s).abs() < 1e-15);
+        // One average, or a cheaper deep one: flat; never negative.
+        assert_eq!(key_terms(avg(1024), None), (avg(1024).per_key_s, 0.0));
+        let cheap = KeyAverage {
+            rows: 2048,
+            per_key_s: 1e-7,
+        };
+        assert_eq!(key_terms(avg(1024), Some(cheap)).1, 0.0);
+        let (k1, k2) = key_terms(
+            KeyAverage {
+                rows: 1024,
+                per_key_s: 1e-7,
+            },
+            Some(avg(4096)),
+        );
+        assert!(k1 >= 0.0 && k2 > 0.0);
+    }
+
+    #[test]
+    fn the_scale_tracks_a_slower_machine() {
+        let mut f = OnlineScale::new(base());
+        assert_eq!(f.cost(), base());
+        for chunks in shapes(100) {
+            let b = base().step(chunks.iter().copied());
+            f.observe(b, 2.5 * b);
+        }
+        assert!((f.scale() - 2.5).abs() < 0.01, "{}", f.scale());
+        let chunks = &shapes(1)[0];
+        let (got, want) = (
+            f.cost().step(chunks.clone()),
+            2.5 * base().step(chunks.clone()),
+        );
+        assert!((got / want - 1.0).abs() < 0.01);
+        assert_eq!(f.steps(), 100);
+    }
+
+    #[test]
+    fn noisy_steps_leave_the_scale_close() {
+        let mut f = OnlineScale::new(base());
+        // Each step off by a factor of exp(u), u uniform in ±0.5 (a spread like a shared
+        // machine's), and one step in 50 held up ten times as long.
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut seen = Vec::new();
+        for (i, chunks) in shapes(600).into_iter().enumerate() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let u = (rng >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+            let held = if i % 50 == 49 { 10.0 } else { 1.0 };
+            let b = base().step(chunks.iter().copied());
+            f.observe(b, 1.5 * b * u.exp() * held);
+            if i >= 100 {
+                seen.push(f.scale());
+            }
+        }
+        seen.sort_by(f64::total_cmp);
+        let median = seen[seen.len() / 2];
+        assert!((median / 1.5 - 1.0).abs() < 0.1, "median scale {median}");
+    }
+
+    #[test]
+    fn the_scale_stays_in_range_and_ignores_nonsense() {
+        let mut f = OnlineScale::new(base());
+        for secs in [f64::NAN, -1.0, 0.0, f64::INFINITY] {
+            f.observe(0.05, secs);
+        }
+        f.observe(0.0, 0.1);
+        f.observe(f64::NAN, 0.1);
+        assert_eq!((f.scale(), f.steps()), (1.0, 0));
+        for _ in 0..400 {
+            f.observe(0.01, 1000.0);
+        }
+        assert!((f.scale() - SCALES.1).abs() < 1e-9);
+        assert!(f.cost().validate().is_ok());
+        for _ in 0..400 {
+            f.observe(0.01, 1e-9);
+        }
+        assert!((f.scale() - SCALES.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_smaller_figures_are_kept() {
+        let p = |t: f64, k: f64| MeasuredProfile {
+            points: vec![StagePoint {
+                rows: 1,
+                attn_s: t,
+                mlp_s: 2.0 * t,
+            }],
+            attn_s_per_key: k,
+            head: vec![(1, t)],
+            embed_s_per_row: t,
+        };
+        let m = min_profile(&p(1.0, 5.0), &p(3.0, 4.0));
+        assert_eq!(m.points[0].attn_s, 1.0);
+        assert_eq!(m.points[0].mlp_s, 2.0);
+        assert_eq!(m.attn_s_per_key, 4.0);
+        assert_eq!((m.head[0].1, m.embed_s_per_row), (1.0, 1.0));
+    }
+
+    #[test]
+    fn fits_are_valid_predictors() {
+        // A concave profile (per-row cost falling with rows) still gives a usable line.
+        let mut m = linear(2, 1e-3, 1e-5, 0.0);
+        let prof = MeasuredProfile {
+            points: [
+                (1, 1e-3),
+                (4, 1.1e-3),
+                (16, 1.5e-3),
+                (64, 2.5e-3),
+                (256, 6e-3),
+            ]
+            .iter()
+            .map(|&(rows, t)| StagePoint {
+                rows,
+                attn_s: t,
+                mlp_s: t,
+            })
+            .collect(),
+            attn_s_per_key: 0.0,
+            head: vec![(1, 1e-3)],
+            embed_s_per_row: 0.0,
+        };
+        m.compute = Arc::new(prof);
+        let c = fit(&m, 256, 1024, None);
+        assert!(c.validate().is_ok(), "{c:?}");
+        for n in [1usize, 16, 64, 256] {
+            let want = predict(&m, &rows(n));
+            let got = c.step([(0, n, false)]);
+            assert!((got / want - 1.0).abs() < 0.5, "{n}: {got} vs {want}");
+        }
+    }
+}

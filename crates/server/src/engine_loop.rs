@@ -403,10 +403,18 @@ impl Loop<'_> {
                 }
                 RequestEvent::Failed { .. } => {}
             }
-            let gone = route.events.send(ev).is_err();
-            if last || gone {
+            if last {
+                // The place is given back before the client can see its end: it may send its
+                // next request at once, and must find the place free.
+                if let Some(route) = self.routes.remove(&id) {
+                    self.admission.release(1);
+                    let _ = route.events.send(ev);
+                }
+                continue;
+            }
+            if route.events.send(ev).is_err() {
                 // A client gone mid-stream: free its blocks now.
-                self.forget(id, gone && !last);
+                self.forget(id, true);
             }
         }
     }

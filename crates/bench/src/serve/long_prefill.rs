@@ -392,7 +392,7 @@ mod tests {
         assert!((r.idle_p50_ms() - 50.0).abs() < 1e-9);
         assert!((r.during_ms(None).p50 - 95.0).abs() < 1e-9);
         assert!((r.ratio() - 1.9).abs() < 1e-9);
-        assert!((r.during_ms(Some(2)).p50 - 145.0).abs() < 1e-9);
+        assert!((r.during_ms(Some(2)).p50 - 85.0).abs() < 1e-9);
         let cfg = LongPrefillConfig {
             url: "http://h:1".into(),
             model: None,

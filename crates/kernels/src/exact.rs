@@ -14,7 +14,13 @@
 //! - Packed: for each block of `nc` weight rows, for each K block of `kc`: dequantize the
 //!   block once into a panel interleaved by `nr` rows; for each block of `mc` activation rows,
 //!   each `nr`-row group, each `mr`-row tile: run the register tile over the K block, its lane
-//!   accumulators kept in memory between K blocks; after the last K block, reduce and write.
+//!   accumulators kept in memory between K blocks; after the last K block, reduce and write
+//!   (`packed`).
+//!
+//! Where AVX-512 runs (`crate::isa::avx512_exact`), block-quantized weights are repacked at
+//! load and the stream form runs on the records (`records`, `x86::avx512_exact`), and the
+//! packed form's even-`nr` tiles are AVX-512 tiles (`x86::avx512_packed`); same order, so
+//! the same bits as on AVX2.
 
 use std::ops::Range;
 

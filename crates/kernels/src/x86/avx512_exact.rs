@@ -1,4 +1,4 @@
-//! AVX-512 (F, BW, VL) + GFNI form of the exact family's stream kernel (small M), over the
+//! AVX-512 (F, BW, DQ, VL) + GFNI form of the exact family's stream kernel (small M), over the
 //! 8-row interleaved repack of block-quantized weights (`crate::packed`, built at load when
 //! this kernel runs, see `crate::wants_repack`).
 //!

@@ -201,18 +201,24 @@ impl Scheduler {
         } else {
             0
         };
-        // No prefill progress at all (the budget may be too small for any token): the head
-        // still gets its minimum chunk, so prefill work always progresses.
-        let progressed = f.picks.iter().any(|p| !decodes.contains(&p.id));
-        if !progressed && head.is_some() && f.preempted.is_empty() {
-            self.admit(f, AdmitBy::Minimum);
-        }
         self.oldest_skipped =
             skip && admitted > 0 && oldest.is_some_and(|o| !f.picks.iter().any(|p| p.id == o));
         // What admissions left goes back to the running chunks, except in a short step.
         if !(whole && admitted > 0) {
             let (_, srpt) = self.behind(f);
             self.grow_chunks(f, &srpt, 0, limit, false);
+        }
+        // No prefill progress at all (a short step that admitted nothing, a budget too small
+        // for any token): the oldest running prefill, or else the head of the queue, still
+        // gets its minimum chunk, so prefill work always progresses.
+        let progressed = |f: &Fill| f.picks.iter().any(|p| !decodes.contains(&p.id));
+        if !progressed(f) {
+            if let Some(o) = oldest {
+                self.grow_chunks(f, &[o], 0, used, true);
+            }
+        }
+        if !progressed(f) && head.is_some() && f.preempted.is_empty() {
+            self.admit(f, AdmitBy::Minimum);
         }
     }
 }

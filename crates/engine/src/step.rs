@@ -5,8 +5,8 @@
 //! one step: `Scheduler::schedule() -> StepPlan`, the staged forward over the plan's chunks,
 //! sampling (the per-token pipeline of [`crate::live`]), then `Scheduler::update(&plan,
 //! &StepResult)`, and hands back what each request should hear as plain [`RequestEvent`]s.
-//! When the scheduler fills steps by predicted time, each step's measured time rescales the
-//! step cost ([`crate::step_cost::OnlineScale`]) before the next is scheduled.
+//! When the scheduler fills steps by predicted time, each step's measured time refits the
+//! step cost ([`crate::step_cost::OnlineFit`]) before the next is scheduled.
 //!
 //! Faults stay with the requests they hit: an error or a panic anywhere in the forward or
 //! sampling fails the requests of that step (an error naming one sequence fails that one
@@ -27,7 +27,7 @@ use tessera_scheduler::{
 
 use crate::live::LiveRequest;
 use crate::request::{FinishReason, GenerateRequest, RequestEvent, SubmitError};
-use crate::step_cost::OnlineScale;
+use crate::step_cost::OnlineFit;
 use crate::Engine;
 
 /// What one step did.
@@ -74,8 +74,8 @@ pub struct StepEngine<'e> {
     kv: Vec<KvStorage>,
     ws: Vec<Workspace>,
     live: HashMap<u64, LiveRequest>,
-    /// The step cost scaled to measured steps, with a time budget.
-    scale: Option<OnlineScale>,
+    /// The step cost refitted to measured steps, with a time budget.
+    fit: Option<OnlineFit>,
 }
 
 impl<'e> StepEngine<'e> {
@@ -84,14 +84,14 @@ impl<'e> StepEngine<'e> {
         let kv = engine.new_kv(cfg.block_size, cfg.num_blocks)?;
         let sched = Scheduler::new(cfg).map_err(|e| Error::Config(format!("scheduler: {e}")))?;
         let kv_len = kv.len();
-        let scale = sched.config().time_budget.map(|t| OnlineScale::new(t.cost));
+        let fit = sched.config().time_budget.map(|t| OnlineFit::new(t.cost));
         Ok(StepEngine {
             engine,
             sched,
             kv,
             ws: (0..kv_len).map(|_| Workspace::new()).collect(),
             live: HashMap::new(),
-            scale,
+            fit,
         })
     }
 
@@ -118,33 +118,32 @@ impl<'e> StepEngine<'e> {
         self.sched.kv_metrics()
     }
 
-    /// Whether a time budget's step cost is scaled to measured steps (on by default).
-    pub fn scale_step_cost(&mut self, on: bool) {
-        self.scale = match (on, self.sched.config().time_budget) {
-            (true, Some(t)) => Some(
-                self.scale
-                    .take()
-                    .unwrap_or_else(|| OnlineScale::new(t.cost)),
-            ),
+    /// Whether a time budget's step cost is refitted to measured steps (on by default).
+    pub fn refit_step_cost(&mut self, on: bool) {
+        self.fit = match (on, self.sched.config().time_budget) {
+            (true, Some(t)) => Some(self.fit.take().unwrap_or_else(|| OnlineFit::new(t.cost))),
             _ => None,
         };
     }
 
-    /// The factor the step cost is scaled by, if it is.
-    pub fn step_cost_scale(&self) -> Option<f64> {
-        self.scale.as_ref().map(OnlineScale::scale)
+    /// The refitted step cost's factors on its fixed and its other parts, if it is refitted.
+    pub fn step_cost_scales(&self) -> Option<[f64; 2]> {
+        self.fit.as_ref().map(OnlineFit::scales)
     }
 
-    /// Rescales the step cost with `plan`, which took `secs`, and hands the scheduler the new
+    /// Refits the step cost to `plan`, which took `secs`, and hands the scheduler the new
     /// cost.
-    fn rescale(&mut self, plan: &StepPlan, secs: f64) {
-        let (Some(scale), Some(mut tb)) = (self.scale.as_mut(), self.sched.config().time_budget)
-        else {
+    fn refit(&mut self, plan: &StepPlan, secs: f64) {
+        let (Some(fit), Some(mut tb)) = (self.fit.as_mut(), self.sched.config().time_budget) else {
             return;
         };
-        scale.observe(scale.base().plan(plan), secs);
-        tb.cost = scale.cost();
-        // A positive multiple of a valid cost is valid.
+        let chunks = plan
+            .seqs
+            .iter()
+            .map(|s| (s.start_pos, s.tokens.len(), s.wants_logits));
+        fit.observe(fit.parts(chunks), secs);
+        tb.cost = fit.cost();
+        // Positive multiples of a valid cost's parts are valid.
         let _ = self.sched.set_time_budget(Some(tb));
     }
 
@@ -197,7 +196,7 @@ impl<'e> StepEngine<'e> {
         out.forward_s = t0.elapsed().as_secs_f64();
         match run {
             Ok(Ok((result, events))) => {
-                self.rescale(&plan, out.forward_s);
+                self.refit(&plan, out.forward_s);
                 out.events.extend(events);
                 match self.sched.update(&plan, &result) {
                     Ok(done) => {

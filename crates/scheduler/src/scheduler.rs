@@ -40,15 +40,15 @@
 //! - the decodes always run; prefill work (pass 2 and 3 together) gets what they leave of
 //!   the budget, and at least a quarter of it however many decodes there are;
 //! - while a request waits, the head of the queue decides the split. If its whole remaining
-//!   prompt fits in the prefill time (a short request), the step is a *short step*: running
-//!   chunks get only the oldest's minimum chunk, then the head and any other waiting request
-//!   that fits whole, and nothing more: the head's time to first token is this step's time,
-//!   so the step is about as short as the head's own prefill. Otherwise running chunks get
-//!   half the prefill time, the head and those after it the rest, and what admissions leave
-//!   goes back to the running chunks;
-//! - running chunks go oldest first, up to an eighth of the prefill time (its minimum chunk
-//!   in a short step) and at least one token (or up to the next `chunk_align` boundary), so
-//!   a long prefill always progresses; then shortest remaining first, so a chunked short
+//!   prompt fits in the prefill time (a short request), the step is a *short step*: no
+//!   running chunk (but the oldest's minimum chunk when the step before was a short step
+//!   too), then the head and any other waiting request that fits whole, and nothing more:
+//!   the head's time to first token is this step's time, so the step is as short as the
+//!   head's own prefill. Otherwise running chunks get half the prefill time, the head and
+//!   those after it the rest, and what admissions leave goes back to the running chunks;
+//! - running chunks go oldest first, up to an eighth of the prefill time and at least one
+//!   token (or up to the next `chunk_align` boundary), so a long prefill progresses at least
+//!   every other step whatever arrives; then shortest remaining first, so a chunked short
 //!   prompt finishes before long ones go on. When nothing at all progressed, the head of the
 //!   queue is admitted with that minimum chunk, so even a budget too small for one token
 //!   moves the queue.
@@ -95,6 +95,9 @@ pub struct Scheduler {
     step: u64,
     next_arrival: u64,
     next_admission: u64,
+    /// The last step was a short step in which the oldest running prefill got nothing (the
+    /// next one gives it its minimum chunk; see `timed`).
+    oldest_skipped: bool,
 }
 
 /// A scheduling decision before it becomes a [`ScheduledSeq`].
@@ -120,6 +123,7 @@ impl Scheduler {
             step: 0,
             next_arrival: 0,
             next_admission: 0,
+            oldest_skipped: false,
         })
     }
 

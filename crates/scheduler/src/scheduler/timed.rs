@@ -12,7 +12,8 @@ use crate::request::Status;
 /// decodes take.
 pub const PREFILL_FLOOR: f64 = 0.25;
 /// Share of the prefill time the oldest running prefill is served first with (the rest
-/// goes shortest remaining first), except in a short step, where it gets its minimum chunk.
+/// goes shortest remaining first); in a short step it gets nothing, or its minimum chunk
+/// after another short step.
 pub const OLDEST_SHARE: f64 = 0.125;
 
 impl Scheduler {
@@ -162,8 +163,11 @@ impl Scheduler {
         // The oldest first: a small guaranteed share (its minimum chunk in a short step), so
         // nothing starves; then, but in a short step, the shortest remaining first, up to
         // all the prefill time when nothing waits, half of it otherwise.
+        // The oldest first: a small guaranteed share, so nothing starves. A short step
+        // leaves it out, but never two in a row: then it gets its minimum chunk.
         let (oldest, _) = self.behind(f);
-        if let Some(o) = oldest {
+        let skip = whole && !self.oldest_skipped;
+        if let Some(o) = oldest.filter(|_| !skip) {
             let share = if whole {
                 used
             } else {
@@ -180,7 +184,7 @@ impl Scheduler {
             let (_, srpt) = self.behind(f);
             self.grow_chunks(f, &srpt, token_reserve, used + running, false);
         }
-        // The oldest's minimum chunk comes on top of a short step's head.
+        // The oldest's minimum chunk, if any, comes on top of a short step's head.
         let admit_limit = if whole {
             limit + (self.predicted(tb, f) - used)
         } else {
@@ -197,16 +201,24 @@ impl Scheduler {
         } else {
             0
         };
-        // No prefill progress at all (the budget may be too small for any token): the head
-        // still gets its minimum chunk, so prefill work always progresses.
-        let progressed = f.picks.iter().any(|p| !decodes.contains(&p.id));
-        if !progressed && head.is_some() && f.preempted.is_empty() {
-            self.admit(f, AdmitBy::Minimum);
-        }
+        self.oldest_skipped =
+            skip && admitted > 0 && oldest.is_some_and(|o| !f.picks.iter().any(|p| p.id == o));
         // What admissions left goes back to the running chunks, except in a short step.
         if !(whole && admitted > 0) {
             let (_, srpt) = self.behind(f);
             self.grow_chunks(f, &srpt, 0, limit, false);
+        }
+        // No prefill progress at all (a short step that admitted nothing, a budget too small
+        // for any token): the oldest running prefill, or else the head of the queue, still
+        // gets its minimum chunk, so prefill work always progresses.
+        let progressed = |f: &Fill| f.picks.iter().any(|p| !decodes.contains(&p.id));
+        if !progressed(f) {
+            if let Some(o) = oldest {
+                self.grow_chunks(f, &[o], 0, used, true);
+            }
+        }
+        if !progressed(f) && head.is_some() && f.preempted.is_empty() {
+            self.admit(f, AdmitBy::Minimum);
         }
     }
 }

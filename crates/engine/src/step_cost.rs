@@ -1,32 +1,36 @@
 //! The scheduler's step-cost predictor ([`tessera_scheduler::StepCost`]) calibrated from this
-//! engine's model: its stage profile (the one tensor parallelism's sub-batch planner uses,
-//! [`crate::overlap_plan::measure_profile`]) turned into a step-time model
-//! ([`tessera_sim::StepModel`]) and that model's predictions fitted to the scheduler's few
-//! linear terms. Under tensor parallelism the group's calibrated model is reused (its link
-//! included); otherwise the profile is measured here at start-up, twice, keeping each
-//! figure's smaller time (a core taken by another process only ever adds time; about 1 s for
-//! SmolLM2-135M on 2 threads).
+//! engine's model at start-up, from three measurements:
 //!
-//! The profile's per-key figure is the average over a 1,024-token prefill; a key costs more
-//! deep in a long context (the keys outgrow the caches), so one more prefill, of
-//! [`DEEP_PROBE`] tokens, gives a second average, and the two fix the cost of a key as
-//! `per_key + per_key2 × position` (about 1.5 s more on 2 threads).
+//! - whole steps (every layer, embedding to last norm) of 1, 16 and 64 fresh rows through
+//!   [`Engine::time_step`]: the fixed and per-token parts. The stage profile cannot give
+//!   these: it times layer 0 alone, again and again, so that layer's weights stay in cache,
+//!   while a real step streams every layer's weights (and the KV) from memory, a fixed cost
+//!   of several milliseconds that a one-layer profile never sees;
+//! - the stage profile tensor parallelism's sub-batch planner uses
+//!   ([`crate::overlap_plan::measure_profile`], through its step-time model
+//!   [`tessera_sim::StepModel`]; under tensor parallelism the group's, already measured):
+//!   attention's cost per key over a 1,024-token prefill, and the head's per logits row;
+//! - one more prefill, of [`DEEP_PROBE`] tokens: a key costs more deep in a long context
+//!   (the keys outgrow the caches), and the two per-key averages fix its cost as
+//!   `per_key + per_key2 × position`.
 //!
-//! The profile is a few hundred milliseconds of one layer's stages, on a machine others may
-//! share: [`OnlineFit`] refits the cost to every step the engine measures, with one factor
-//! on the fixed parts and one on the rest, so the predictions follow the machine.
+//! About 2 s on 2 threads for SmolLM2-135M. The machine may be shared and its state drifts
+//! from the moment measured: [`OnlineFit`] refits the cost to every step the engine runs,
+//! with one factor on the fixed parts and one on the rest.
 
 use tessera_core::Result;
-use tessera_model::SubBatching;
+use tessera_model::{BatchMeta, LogitsFor, SeqChunk, SubBatching};
 use tessera_parallel::link::CommCost;
 use tessera_scheduler::{StepCost, TimeBudget};
-use tessera_sim::{MeasuredProfile, StepModel, StepShape};
+use tessera_sim::{StepModel, StepShape};
 
 use crate::overlap_plan;
-use crate::Engine;
+use crate::{Engine, StepMode, KV_BLOCK_SIZE};
 
-/// Row counts whose predicted times the per-token line is fitted through.
-const FIT_ROWS: [usize; 6] = [1, 4, 16, 64, 128, 256];
+/// Rows of the whole steps the fixed and per-token parts are fitted through.
+pub const STEP_ROWS: [usize; 3] = [1, 16, 64];
+/// Timed repetitions of each whole step (the fastest counts), after one warm-up.
+const STEP_REPS: usize = 3;
 /// Context of the one-row step whose extra time over a fresh row gives the per-key cost.
 const KEY_PROBE: usize = 1024;
 /// Logits-row counts the head's line is fitted through.
@@ -95,22 +99,17 @@ pub fn key_terms(a: KeyAverage, b: Option<KeyAverage>) -> (f64, f64) {
     }
 }
 
-/// The scheduler's cost terms from `model`'s predictions: the per-token line fitted through
-/// steps of up to `max_rows` fresh rows (the intercept, never negative, is the fixed part),
-/// the per-key terms from the profile's average over a `probe_rows` prefill and `deep`, a
-/// second one ([`key_terms`]), and the head's line through one and 64 logits rows.
+/// The scheduler's cost terms: the line through `steps` (`(rows, seconds)` of whole steps of
+/// fresh rows; its intercept, never negative, is the fixed part), the per-key terms from the
+/// profile's average over a `probe_rows` prefill and `deep`, a second one ([`key_terms`]),
+/// and the head's line through one and 64 logits rows of `model`.
 pub fn fit(
     model: &StepModel,
-    max_rows: usize,
+    steps: &[(usize, f64)],
     probe_rows: usize,
     deep: Option<KeyAverage>,
 ) -> StepCost {
-    let top = max_rows.clamp(16, *FIT_ROWS.last().expect("rows"));
-    let pts: Vec<(f64, f64)> = FIT_ROWS
-        .iter()
-        .filter(|&&n| n <= top)
-        .map(|&n| (n as f64, predict(model, &rows(n))))
-        .collect();
+    let pts: Vec<(f64, f64)> = steps.iter().map(|&(n, t)| (n as f64, t)).collect();
     let (fixed, per_token) = fit_line(&pts);
     let fresh = predict(model, &rows(1));
     let probe = predict(
@@ -145,33 +144,13 @@ pub fn fit(
     }
 }
 
-/// Each figure of `a` and `b` (profiles of the same ladders) at its smaller value.
-pub fn min_profile(a: &MeasuredProfile, b: &MeasuredProfile) -> MeasuredProfile {
-    let mut m = a.clone();
-    for (p, q) in m.points.iter_mut().zip(&b.points) {
-        if p.rows == q.rows {
-            p.attn_s = p.attn_s.min(q.attn_s);
-            p.mlp_s = p.mlp_s.min(q.mlp_s);
-        }
-    }
-    for (p, q) in m.head.iter_mut().zip(&b.head) {
-        if p.0 == q.0 {
-            p.1 = p.1.min(q.1);
-        }
-    }
-    m.attn_s_per_key = a.attn_s_per_key.min(b.attn_s_per_key);
-    m.embed_s_per_row = a.embed_s_per_row.min(b.embed_s_per_row);
-    m
-}
-
 /// The step-time model of this engine: the tensor-parallel group's, or one measured now on
-/// the engine's compute units (the smaller figures of two measurements).
+/// the engine's compute units.
 pub fn step_model(engine: &Engine) -> Result<StepModel> {
     if let Some(m) = engine.step_model() {
         return Ok(m);
     }
-    let measure = || overlap_plan::measure_profile(&engine.model, &engine.ctx());
-    let profile = min_profile(&measure()?, &measure()?);
+    let profile = overlap_plan::measure_profile(&engine.model, &engine.ctx())?;
     Ok(overlap_plan::step_model(
         &engine.config,
         1,
@@ -208,12 +187,41 @@ fn profile_probe_rows(engine: &Engine) -> usize {
     top.min(engine.config.max_position)
 }
 
-/// The scheduler's predictor for steps of up to `max_rows` rows: [`fit`] of [`step_model`]
-/// with [`measure_deep`].
+/// Seconds of a whole step of `n` fresh one-row sequences (no logits) on `engine`: the
+/// fastest of [`STEP_REPS`] after a warm-up.
+pub fn time_whole_step(engine: &Engine, n: usize) -> Result<f64> {
+    let mut kv = engine.new_kv(KV_BLOCK_SIZE, n.max(1))?;
+    let vocab = engine.config.vocab_size.max(1);
+    let batch = BatchMeta {
+        seqs: (0..n)
+            .map(|i| {
+                let token = ((i * 7919 + 13) % vocab) as u32;
+                SeqChunk::new(vec![token], 0, vec![i as u32], LogitsFor::None)
+            })
+            .collect(),
+    };
+    let mut best = f64::INFINITY;
+    for rep in 0..=STEP_REPS {
+        let t = engine.time_step(&batch, &mut kv, StepMode::Full)?;
+        if rep > 0 {
+            best = best.min(t);
+        }
+    }
+    Ok(best)
+}
+
+/// The scheduler's predictor: [`fit`] of [`time_whole_step`] at [`STEP_ROWS`] (those up to
+/// `max_rows`, at least two), [`step_model`] and [`measure_deep`].
 pub fn calibrate(engine: &Engine, max_rows: usize) -> Result<StepCost> {
     let model = step_model(engine)?;
+    let mut steps = Vec::new();
+    for (i, &n) in STEP_ROWS.iter().enumerate() {
+        if i < 2 || n <= max_rows {
+            steps.push((n, time_whole_step(engine, n)?));
+        }
+    }
     let deep = measure_deep(engine, &model)?;
-    Ok(fit(&model, max_rows, profile_probe_rows(engine), deep))
+    Ok(fit(&model, &steps, profile_probe_rows(engine), deep))
 }
 
 /// Prompt tokens of the reference short request the default budget is sized for.
@@ -310,8 +318,8 @@ impl OnlineFit {
             let gain = pz[i] / denom;
             let t = self.theta[i] + gain * err;
             self.theta[i] = (t + PULL * (1.0 - t)).clamp(ranges[i].0, ranges[i].1);
-            for j in 0..2 {
-                self.p[i][j] = (self.p[i][j] - gain * pz[j]) / FORGET;
+            for (pij, pzj) in self.p[i].iter_mut().zip(pz) {
+                *pij = (*pij - gain * pzj) / FORGET;
             }
         }
         // Directions the steps do not excite would grow without bound: cap them.
@@ -397,10 +405,15 @@ mod tests {
         }
     }
 
+    /// Whole steps of `ns` fresh rows as `m` predicts them.
+    fn model_steps(m: &StepModel, ns: &[usize]) -> Vec<(usize, f64)> {
+        ns.iter().map(|&n| (n, predict(m, &rows(n)))).collect()
+    }
+
     #[test]
     fn linear_profiles_are_fitted_exactly() {
         let m = linear(30, 1e-4, 2e-5, 3e-9);
-        let c = fit(&m, 128, 1024, None);
+        let c = fit(&m, &model_steps(&m, &[1, 16, 64, 128]), 1024, None);
         let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 + 1e-6 * y.abs();
         assert!(close(c.fixed_s, 30.0 * 2.0 * 1e-4), "{c:?}");
         assert!(close(c.per_token_s, 30.0 * 2.0 * 2e-5), "{c:?}");
@@ -420,7 +433,8 @@ mod tests {
 
     #[test]
     fn the_default_budget_holds_the_reference_request() {
-        let c = fit(&linear(30, 1e-4, 2e-5, 3e-9), 128, 1024, None);
+        let m = linear(30, 1e-4, 2e-5, 3e-9);
+        let c = fit(&m, &model_steps(&m, &STEP_ROWS), 1024, None);
         let b = auto_budget(c).budget_s();
         let own = c.step([(0, REFERENCE_PROMPT, true)]);
         assert!((b / own - DEFAULT_BUDGET_FACTOR).abs() < 1e-12);
@@ -585,25 +599,6 @@ mod tests {
     }
 
     #[test]
-    fn the_smaller_figures_are_kept() {
-        let p = |t: f64, k: f64| MeasuredProfile {
-            points: vec![StagePoint {
-                rows: 1,
-                attn_s: t,
-                mlp_s: 2.0 * t,
-            }],
-            attn_s_per_key: k,
-            head: vec![(1, t)],
-            embed_s_per_row: t,
-        };
-        let m = min_profile(&p(1.0, 5.0), &p(3.0, 4.0));
-        assert_eq!(m.points[0].attn_s, 1.0);
-        assert_eq!(m.points[0].mlp_s, 2.0);
-        assert_eq!(m.attn_s_per_key, 4.0);
-        assert_eq!((m.head[0].1, m.embed_s_per_row), (1.0, 1.0));
-    }
-
-    #[test]
     fn fits_are_valid_predictors() {
         // A concave profile (per-row cost falling with rows) still gives a usable line.
         let mut m = linear(2, 1e-3, 1e-5, 0.0);
@@ -627,7 +622,7 @@ mod tests {
             embed_s_per_row: 0.0,
         };
         m.compute = Arc::new(prof);
-        let c = fit(&m, 256, 1024, None);
+        let c = fit(&m, &model_steps(&m, &[1, 4, 16, 64, 256]), 1024, None);
         assert!(c.validate().is_ok(), "{c:?}");
         for n in [1usize, 16, 64, 256] {
             let want = predict(&m, &rows(n));

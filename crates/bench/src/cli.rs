@@ -39,6 +39,8 @@ impl From<PrecisionArg> for Precision {
     }
 }
 
+// Parsed once per run: the size of the largest variant (`serve`'s flags) does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Subcommand)]
 pub enum BenchCommand {
     /// Sweep matrix-product shapes: the planner's choice vs the best of its top candidates

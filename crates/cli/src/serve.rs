@@ -106,7 +106,7 @@ fn step_time_budget(
     let ms = match arg.trim() {
         "auto" => None,
         s => match s.parse::<f64>() {
-            Ok(v) if v == 0.0 => return Ok(None),
+            Ok(0.0) => return Ok(None),
             Ok(v) if v > 0.0 && v.is_finite() => Some(v),
             _ => bail!(
                 "--step-time-budget-ms {arg:?}: expected auto, a positive number of \

@@ -4,7 +4,8 @@
 //! single-request generation ([`generate`]), perplexity ([`perplexity`]), fetching the default
 //! model ([`store`]), start-up resource checks ([`resources`]: threads, KV memory, context),
 //! the per-step choice of sub-batching under tensor parallelism ([`overlap_plan`]), the
-//! scheduler's step-cost predictor calibrated from the model ([`step_cost`]) and tuning
+//! scheduler's step-cost predictor calibrated from the model ([`step_cost`]) and refitted to
+//! measured steps ([`step_fit`]), and tuning
 //! ([`tune`]).
 
 pub mod engine;
@@ -18,6 +19,7 @@ pub mod resources;
 pub mod sampling;
 pub mod step;
 pub mod step_cost;
+pub mod step_fit;
 pub mod stop;
 pub mod store;
 pub mod tp;

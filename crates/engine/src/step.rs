@@ -6,7 +6,7 @@
 //! sampling (the per-token pipeline of [`crate::live`]), then `Scheduler::update(&plan,
 //! &StepResult)`, and hands back what each request should hear as plain [`RequestEvent`]s.
 //! When the scheduler fills steps by predicted time, each step's measured time refits the
-//! step cost ([`crate::step_cost::OnlineFit`]) before the next is scheduled.
+//! step cost ([`crate::step_fit::OnlineFit`]) before the next is scheduled.
 //!
 //! Faults stay with the requests they hit: an error or a panic anywhere in the forward or
 //! sampling fails the requests of that step (an error naming one sequence fails that one
@@ -27,7 +27,7 @@ use tessera_scheduler::{
 
 use crate::live::LiveRequest;
 use crate::request::{FinishReason, GenerateRequest, RequestEvent, SubmitError};
-use crate::step_cost::OnlineFit;
+use crate::step_fit::OnlineFit;
 use crate::Engine;
 
 /// What one step did.

@@ -49,7 +49,7 @@ pub enum BenchCommand {
         /// Compute units (default: available parallelism).
         #[arg(long)]
         threads: Option<usize>,
-        #[arg(long, value_enum, default_value = "fast")]
+        #[arg(long, value_enum, default_value = "exact")]
         precision: PrecisionArg,
         /// Weight formats, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "f32,q4_1,q8_0")]
@@ -75,6 +75,10 @@ pub enum BenchCommand {
         /// Seed of the random weights and activations.
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Skip the cold measurement of rows with M <= 4 (the planned plan run over copies of
+        /// the weight that together exceed twice the last-level cache, so they come from DRAM).
+        #[arg(long)]
+        no_cold: bool,
     },
     /// llama-bench-style throughput: prompt processing (pp) and token generation (tg).
     Model {
@@ -88,7 +92,7 @@ pub enum BenchCommand {
         /// Compute units (default: available parallelism).
         #[arg(long)]
         threads: Option<usize>,
-        #[arg(long, value_enum, default_value = "fast")]
+        #[arg(long, value_enum, default_value = "exact")]
         precision: PrecisionArg,
         /// Repetitions; each is printed and the median reported.
         #[arg(long, default_value_t = 3)]
@@ -255,7 +259,7 @@ pub enum BenchCommand {
         /// Compute threads in all (split over the ranks; default: all available cores).
         #[arg(long)]
         threads: Option<usize>,
-        #[arg(long, value_enum, default_value = "fast")]
+        #[arg(long, value_enum, default_value = "exact")]
         precision: PrecisionArg,
         /// Tensor-parallel ranks.
         #[arg(long, default_value_t = 2)]
@@ -305,6 +309,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             candidates,
             min_ms,
             seed,
+            no_cold,
         } => {
             if let Some(ms) = &m {
                 if ms.is_empty() || ms.contains(&0) {
@@ -325,6 +330,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 json,
                 plot,
                 seed,
+                cold: !no_cold,
             };
             run_gemm(&cfg)
         }

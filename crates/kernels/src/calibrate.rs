@@ -19,25 +19,71 @@ fn best_of<F: FnMut() -> f64>(runs: usize, mut f: F) -> f64 {
     (0..runs).map(|_| f()).fold(f64::INFINITY, f64::min)
 }
 
-/// Peak f32 FMA throughput of all units together, GFLOP/s (0 without FMA hardware).
+/// Peak f32 FMA throughput of all units together, GFLOP/s, at the widest vectors the exact
+/// kernels use in this process: 512 bits where the AVX-512 exact kernels run, else 256
+/// (0 without FMA hardware).
 pub fn peak_fma_gflops(pool: &ThreadPool) -> f64 {
     if Isa::active() != Isa::Avx2Fma {
         return 0.0;
     }
+    let wide = crate::isa::avx512_exact();
     const ITERS: usize = 2_000_000;
     let secs = best_of(3, || {
         let t = Instant::now();
         pool.run(|_| {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: Avx2Fma checked above.
+            // SAFETY: Avx2Fma checked above; `avx512_exact` only holds where the CPU has
+            // AVX-512F.
             unsafe {
-                std::hint::black_box(fma_loop(ITERS));
+                if wide {
+                    std::hint::black_box(fma_loop_512(ITERS));
+                } else {
+                    std::hint::black_box(fma_loop(ITERS));
+                }
             }
         });
         t.elapsed().as_secs_f64()
     });
-    // 10 chains × 8 lanes × 2 FLOP per iteration per unit.
-    (ITERS * 10 * 16 * pool.units()) as f64 / secs / 1e9
+    // 10 chains × 8 (or 16) lanes × 2 FLOP per iteration per unit.
+    let lanes = if wide { 16 } else { 8 };
+    (ITERS * 10 * 2 * lanes * pool.units()) as f64 / secs / 1e9
+}
+
+/// [`fma_loop`] on 512-bit vectors.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop_512(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let a = _mm512_set1_ps(0.999_999);
+    let b = _mm512_set1_ps(1e-7);
+    let (mut v0, mut v1, mut v2, mut v3, mut v4) = (
+        _mm512_set1_ps(1.0),
+        _mm512_set1_ps(1.1),
+        _mm512_set1_ps(1.2),
+        _mm512_set1_ps(1.3),
+        _mm512_set1_ps(1.4),
+    );
+    let (mut v5, mut v6, mut v7, mut v8, mut v9) = (
+        _mm512_set1_ps(1.5),
+        _mm512_set1_ps(1.6),
+        _mm512_set1_ps(1.7),
+        _mm512_set1_ps(1.8),
+        _mm512_set1_ps(1.9),
+    );
+    for _ in 0..iters {
+        v0 = _mm512_fmadd_ps(v0, a, b);
+        v1 = _mm512_fmadd_ps(v1, a, b);
+        v2 = _mm512_fmadd_ps(v2, a, b);
+        v3 = _mm512_fmadd_ps(v3, a, b);
+        v4 = _mm512_fmadd_ps(v4, a, b);
+        v5 = _mm512_fmadd_ps(v5, a, b);
+        v6 = _mm512_fmadd_ps(v6, a, b);
+        v7 = _mm512_fmadd_ps(v7, a, b);
+        v8 = _mm512_fmadd_ps(v8, a, b);
+        v9 = _mm512_fmadd_ps(v9, a, b);
+    }
+    let s = [v0, v1, v2, v3, v4, v5, v6, v7, v8, v9];
+    s.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -78,9 +124,11 @@ unsafe fn fma_loop(iters: usize) -> f32 {
     s.iter().map(|v| _mm256_cvtss_f32(*v)).sum()
 }
 
-/// Streaming read bandwidth of all units over a buffer much larger than the caches, GB/s.
+/// Streaming read bandwidth of all units over a buffer much larger than the caches (256 MiB,
+/// or twice the last-level cache up to 2 GiB), GB/s.
 pub fn dram_read_gbs(pool: &ThreadPool) -> f64 {
-    let n = 64 << 20; // 256 MiB of f32
+    let bytes = (2 * last_level_cache_bytes()).clamp(256 << 20, 2 << 30);
+    let n = bytes / 4;
     let buf = vec![1.0f32; n];
     let units = pool.units();
     let secs = best_of(3, || {
@@ -169,21 +217,51 @@ pub fn tile_rates() -> Vec<crate::cost::TileRate> {
             });
         }
     }
+    // The stream kernel's rate depends on what it decodes in registers: rated again on the
+    // other weight formats whose decode differs most from Q4_1's.
+    for dtype in STREAM_RATED {
+        for &(mr, nr) in crate::exact::stream_tiles(dtype) {
+            v.push(crate::cost::TileRate {
+                family: crate::cost::stream_rate_name(dtype, nr),
+                mr,
+                nr,
+                gflops: tile_gflops_on(KernelFamily::F32Dot, F32Kernel::Stream, dtype, mr, nr),
+            });
+        }
+    }
     v
 }
+
+/// Weight formats the stream kernel is rated on besides Q4_1.
+pub const STREAM_RATED: [DType; 2] = [DType::F32, DType::Q8_0];
 
 /// GFLOP/s of one unit running an `mr × nr` tile of a kernel on cache-resident data (f32
 /// weights for the panel and packed kernels, Q4_1 for the stream kernel, whose rate then
 /// includes the in-register dequantization, and for the integer-dot family).
 pub fn tile_gflops(family: KernelFamily, kernel: F32Kernel, mr: usize, nr: usize) -> f64 {
+    let dtype = match (family, kernel) {
+        (KernelFamily::F32Dot, F32Kernel::Stream) => DType::Q4_1,
+        (KernelFamily::F32Dot, _) => DType::F32,
+        (KernelFamily::Q8Interleaved, _) => DType::Q4_1,
+    };
+    tile_gflops_on(family, kernel, dtype, mr, nr)
+}
+
+/// [`tile_gflops`] on weights of `dtype`.
+pub fn tile_gflops_on(
+    family: KernelFamily,
+    kernel: F32Kernel,
+    dtype: DType,
+    mr: usize,
+    nr: usize,
+) -> f64 {
     // The packed kernel runs at large M: enough rows to amortize its panel as it would.
     let m = if kernel == F32Kernel::Packed { 192 } else { 48 };
     let (k, n) = (512, 64);
     let pool = ThreadPool::new(1);
-    let (dtype, precision) = match (family, kernel) {
-        (KernelFamily::F32Dot, F32Kernel::Stream) => (DType::Q4_1, Precision::Exact),
-        (KernelFamily::F32Dot, _) => (DType::F32, Precision::Exact),
-        (KernelFamily::Q8Interleaved, _) => (DType::Q4_1, Precision::Fast),
+    let precision = match family {
+        KernelFamily::F32Dot => Precision::Exact,
+        KernelFamily::Q8Interleaved => Precision::Fast,
     };
     // As the model loads them (the exact stream kernel reads the repack on AVX-512).
     let w = weight(dtype, n, k, crate::wants_repack(precision));
@@ -249,7 +327,13 @@ fn convert_rates() -> (f64, f64) {
     )
 }
 
-fn cache_bytes(level: &str, default: usize) -> usize {
+/// Bytes of the last-level cache (L3; 32 MiB when the system does not say).
+pub fn last_level_cache_bytes() -> usize {
+    cache_bytes("L3", 32 << 20)
+}
+
+/// The size of the L2 or L3 cache sysfs reports, else `default`.
+pub(crate) fn cache_bytes(level: &str, default: usize) -> usize {
     // sysfs: index2 is L2, index3 is L3 on x86 Linux.
     let idx = if level == "L2" { 2 } else { 3 };
     std::fs::read_to_string(format!(
@@ -310,6 +394,18 @@ mod tests {
                 super::dram_read_gbs(&pool)
             );
         }
+    }
+
+    /// Prints this machine's whole measured profile as JSON (`cargo test --release -p
+    /// tessera-kernels -- --ignored --nocapture print_profile`): what a built-in default
+    /// table for a CPU class is made from.
+    #[test]
+    #[ignore]
+    fn print_profile() {
+        let units = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pool = tessera_runtime::ThreadPool::new(units);
+        let p = super::measure_profile(&pool, &mut |_| {});
+        println!("{}", serde_json::to_string_pretty(&p).unwrap());
     }
 
     #[test]

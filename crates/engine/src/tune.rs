@@ -48,6 +48,26 @@ pub fn model_shapes(files: &ModelFiles) -> Vec<(DType, usize, usize)> {
         .collect()
 }
 
+/// Parses `DTYPE:KxN` (`q4_1:576x1536`) into the (dtype, K, N) [`tune`] takes.
+pub fn parse_weight_shape(s: &str) -> Result<(DType, usize, usize), String> {
+    let bad = || format!("{s:?}: expected DTYPE:KxN, e.g. q4_1:576x1536");
+    let (d, kn) = s.trim().split_once(':').ok_or_else(bad)?;
+    let dtype = DType::parse(d.trim()).ok_or_else(|| format!("{s:?}: unknown dtype {d:?}"))?;
+    let (k, n) = kn.split_once(['x', 'X']).ok_or_else(bad)?;
+    let (k, n): (usize, usize) = (
+        k.trim().parse().map_err(|_| bad())?,
+        n.trim().parse().map_err(|_| bad())?,
+    );
+    if k == 0 || n == 0 || k % dtype.block_len() != 0 {
+        return Err(format!(
+            "{s:?}: K and N must be positive, K a multiple of {}'s block of {}",
+            dtype,
+            dtype.block_len()
+        ));
+    }
+    Ok((dtype, k, n))
+}
+
 /// A weight of the given shape with deterministic pseudo-random values.
 pub fn synthetic_weight(dtype: DType, k: usize, n: usize, repack: bool) -> GemmWeight {
     let mut state = 0x9e3779b97f4a7c15u64 ^ (k * 31 + n) as u64;
@@ -123,21 +143,36 @@ pub fn tune(
                 }
             }
             let (secs, plan) = best.expect("at least one candidate");
-            let (m_parts, n_parts) = plan.parallel.parts();
             cache.plans.insert(
                 key.bucket().to_text(&planner.profile.cpu),
-                TunedPlan {
-                    mr: plan.tile.mr,
-                    nr: plan.tile.nr,
-                    mc: plan.tile.mc,
-                    nc: plan.tile.nc,
-                    m_parts,
-                    n_parts,
-                    measured_us: secs * 1e6,
-                },
+                TunedPlan::of(&plan, secs * 1e6),
             );
             done += 1;
         }
     }
     progress(done, total, "done");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weight_shapes_parse_or_say_why_not() {
+        assert_eq!(
+            parse_weight_shape("q4_1:576x1536"),
+            Ok((DType::Q4_1, 576, 1536))
+        );
+        assert_eq!(parse_weight_shape(" f32:7X3 "), Ok((DType::F32, 7, 3)));
+        for bad in [
+            "q4_1",
+            "q9:64x64",
+            "q4_1:64",
+            "q4_1:0x8",
+            "q4_1:33x8",
+            "f32:ax2",
+        ] {
+            assert!(parse_weight_shape(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -117,6 +117,13 @@ impl F32Kernel {
             F32Kernel::Packed => "packed",
         }
     }
+
+    /// The kernel [`Self::name`] names.
+    pub fn parse(s: &str) -> Option<Self> {
+        [F32Kernel::Panel, F32Kernel::Stream, F32Kernel::Packed]
+            .into_iter()
+            .find(|k| k.name() == s)
+    }
 }
 
 /// How an activation row enters the kernel.

@@ -88,13 +88,39 @@ impl ShapeKey {
 /// A measured winner, as stored in the tuning cache.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TunedPlan {
+    /// The exact family's kernel ([`F32Kernel::name`]); caches written before kernels were
+    /// recorded lack it, and the model then picks the kernel for the record's blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
     pub mr: usize,
     pub nr: usize,
     pub mc: usize,
     pub nc: usize,
+    /// The packed kernel's K block (absent: whole K).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kc: Option<usize>,
     pub m_parts: usize,
     pub n_parts: usize,
     pub measured_us: f64,
+}
+
+impl TunedPlan {
+    /// The record of a measured plan.
+    pub fn of(plan: &Plan, measured_us: f64) -> Self {
+        let (m_parts, n_parts) = plan.parallel.parts();
+        let t = &plan.tile;
+        TunedPlan {
+            kernel: (t.family == KernelFamily::F32Dot).then(|| t.kernel.name().to_string()),
+            mr: t.mr,
+            nr: t.nr,
+            mc: t.mc,
+            nc: t.nc,
+            kc: (t.kernel == F32Kernel::Packed).then_some(t.kc),
+            m_parts,
+            n_parts,
+            measured_us,
+        }
+    }
 }
 
 /// The tuning cache file: a measured machine profile and measured winners.
@@ -298,12 +324,22 @@ impl Planner {
                 units: mp * np,
             },
         };
-        // The record names no kernel: take the one the model ranks best for its blocks (the
-        // kernels share their numerics, so this only affects speed).
+        // A record that names no kernel (or one this family lacks) takes the one the model
+        // ranks best for its blocks (the kernels share their numerics: only speed differs).
         let (m, k, n) = (key.m, key.k, key.n);
-        let tile = Self::kernels(family)
+        let named = t
+            .kernel
+            .as_deref()
+            .and_then(F32Kernel::parse)
+            .filter(|kn| Self::kernels(family).contains(kn));
+        let kernels: Vec<F32Kernel> = match named {
+            Some(kn) => vec![kn],
+            None => Self::kernels(family).to_vec(),
+        };
+        let kc = t.kc.unwrap_or(k);
+        let tile = kernels
             .iter()
-            .map(|&kernel| Self::tile(family, kernel, dtype, k, t.mr, t.nr, t.mc, t.nc, k))
+            .map(|&kernel| Self::tile(family, kernel, dtype, k, t.mr, t.nr, t.mc, t.nc, kc))
             .min_by(|a, b| {
                 let cost = |tile: &TilePlan| {
                     let p = Plan {
@@ -380,10 +416,12 @@ mod tests {
         let mut cache = TuningCache::default();
         let key = ShapeKey::new(3, 576, 1536, DType::Q4_1, Precision::Fast, 2);
         let t = TunedPlan {
+            kernel: None,
             mr: 2,
             nr: 8,
             mc: 16,
             nc: 64,
+            kc: None,
             m_parts: 1,
             n_parts: 2,
             measured_us: 12.5,
@@ -396,5 +434,38 @@ mod tests {
             (plan.tile.mr, plan.tile.nc, plan.parallel.parts()),
             (2, 64, (1, 2))
         );
+    }
+
+    #[test]
+    fn a_tuned_record_gives_back_its_plan() {
+        // Every kernel of the exact family, tile, block and split survives the cache record,
+        // and a record from before kernels were stored still loads.
+        let untuned = Planner::untuned();
+        for (m, k, n) in [(1, 576, 1536), (64, 1536, 576), (300, 4096, 1000)] {
+            for (dtype, precision) in [
+                (DType::Q4_1, Precision::Exact),
+                (DType::F32, Precision::Exact),
+                (DType::Q8_0, Precision::Fast),
+            ] {
+                let key = ShapeKey::new(m, k, n, dtype, precision, 2);
+                for plan in untuned.candidates(&key).into_iter().step_by(97).take(20) {
+                    let rec = TunedPlan::of(&plan, 1.0);
+                    let text = serde_json::to_string(&rec).unwrap();
+                    let back: TunedPlan = serde_json::from_str(&text).unwrap();
+                    assert_eq!(back, rec);
+                    let got = untuned.from_tuned(&key, &back);
+                    assert_eq!(
+                        (got.tile, got.parallel),
+                        (plan.tile, plan.parallel),
+                        "{text}"
+                    );
+                }
+            }
+        }
+        let old: TunedPlan = serde_json::from_str(
+            r#"{"mr":2,"nr":8,"mc":16,"nc":64,"m_parts":1,"n_parts":2,"measured_us":3.0}"#,
+        )
+        .unwrap();
+        assert_eq!((old.kernel, old.kc), (None, None));
     }
 }

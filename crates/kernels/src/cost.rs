@@ -78,6 +78,16 @@ pub fn tile_rate_name(f: KernelFamily, kernel: F32Kernel, nr: usize) -> &'static
     }
 }
 
+/// The profile name of the stream kernel's `nr`-wide tiles rated on `dtype` weights
+/// (`f32stream16@q8_0`); the plain [`tile_rate_name`] is the Q4_1 rating.
+pub fn stream_rate_name(dtype: DType, nr: usize) -> String {
+    format!(
+        "{}@{}",
+        tile_rate_name(KernelFamily::F32Dot, F32Kernel::Stream, nr),
+        dtype.to_string().to_ascii_lowercase()
+    )
+}
+
 /// In-register dequantization cost of 8 elements, in FMA-instruction equivalents (loads,
 /// widening, conversion, scale), for the stream kernel's per-dtype rate.
 pub fn decode_cost(dtype: DType) -> f64 {
@@ -134,10 +144,88 @@ impl MachineProfile {
 }
 
 impl MachineProfile {
-    /// Defaults measured on the 2-vCPU Zen3 EPYC this project is developed on (AVX2+FMA,
-    /// 512 KiB L2), used when no measured profile is cached; `tessera tune` measures the
-    /// machine it runs on.
+    /// Throughput of the stream kernel's `mr × nr` tile on `dtype` weights: rated on that
+    /// dtype if the profile has it, else the Q4_1 rating adjusted for the dtype's decode cost.
+    pub fn stream_tile_gflops(&self, dtype: DType, mr: usize, nr: usize, k: usize) -> f64 {
+        let name = stream_rate_name(dtype, nr);
+        if let Some(t) = self
+            .tiles
+            .iter()
+            .find(|t| t.family == name && t.mr == mr && t.nr == nr)
+        {
+            return t.gflops;
+        }
+        let base = self.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Stream, mr, nr, k);
+        let r = mr as f64;
+        base * (r + decode_cost(DType::Q4_1)) / (r + decode_cost(dtype))
+    }
+}
+
+impl MachineProfile {
+    /// The built-in profile for the kernels this process runs, used when no measured profile
+    /// is cached (`tessera tune` measures the machine it runs on): where the exact path's
+    /// AVX-512 kernels run, [`Self::avx512_default`]; else [`Self::avx2_default`]. Cache
+    /// sizes come from the system where it tells them.
     pub fn default_for(cpu: &str) -> Self {
+        let mut p = if crate::isa::avx512_exact() {
+            Self::avx512_default(cpu)
+        } else {
+            Self::avx2_default(cpu)
+        };
+        p.l2_bytes = crate::calibrate::cache_bytes("L2", p.l2_bytes);
+        p.l3_bytes = crate::calibrate::cache_bytes("L3", p.l3_bytes);
+        p
+    }
+
+    /// Measured on 2 vCPUs of an Intel Xeon with AVX-512 (F/BW/DQ/VL/VNNI, 2 MiB L2 per
+    /// core), by `calibrate::measure_profile` (the `print_profile` test), rounded.
+    pub fn avx512_default(cpu: &str) -> Self {
+        let tiles = [
+            ("f32dot", 1, 4, 43.0),
+            ("f32dot", 2, 4, 60.7),
+            ("f32dot", 3, 4, 69.4),
+            ("f32dot", 4, 3, 50.6),
+            ("f32dot", 2, 2, 46.8),
+            ("f32dot", 1, 8, 51.2),
+            ("f32dot", 4, 2, 58.8),
+            ("f32dot", 1, 1, 21.2),
+            ("f32stream16", 1, 16, 42.1),
+            ("f32stream16", 2, 16, 48.6),
+            ("f32stream16@q8_0", 1, 16, 43.9),
+            ("f32stream16@q8_0", 2, 16, 40.2),
+            ("f32stream@f32", 1, 8, 38.1),
+            ("f32stream@f32", 1, 4, 37.1),
+            ("f32stream@f32", 2, 2, 51.3),
+            ("f32stream@f32", 3, 2, 61.3),
+            ("f32stream@f32", 4, 1, 46.5),
+            ("f32packed16", 8, 4, 104.5),
+            ("f32packed16", 6, 4, 107.8),
+            ("f32packed16", 4, 4, 100.2),
+            ("f32packed16", 8, 2, 86.8),
+            ("q8x8", 1, 8, 89.7),
+            ("q8x8", 2, 8, 101.6),
+            ("q8x8", 3, 8, 94.6),
+            ("q8x8", 4, 8, 101.6),
+        ];
+        MachineProfile {
+            cpu: cpu.to_string(),
+            f32_gflops_per_core: 70.0,
+            q8_gflops_per_core: 102.0,
+            dram_gbs: 20.0,
+            l2_gbs_per_core: 100.0,
+            l3_gbs: 120.0,
+            dequant_elems_per_ns: 10.5,
+            quant_elems_per_ns: 2.4,
+            dispatch_us: 0.7,
+            l2_bytes: 2 << 20,
+            l3_bytes: 32 << 20,
+            tiles: rates(&tiles),
+        }
+    }
+
+    /// Measured on the 2-vCPU Zen3 EPYC this project was first developed on (AVX2+FMA,
+    /// 512 KiB L2).
+    pub fn avx2_default(cpu: &str) -> Self {
         MachineProfile {
             cpu: cpu.to_string(),
             f32_gflops_per_core: 40.0,
@@ -197,6 +285,18 @@ impl MachineProfile {
     }
 }
 
+fn rates(table: &[(&str, usize, usize, f64)]) -> Vec<TileRate> {
+    table
+        .iter()
+        .map(|&(f, mr, nr, g)| TileRate {
+            family: f.into(),
+            mr,
+            nr,
+            gflops: g,
+        })
+        .collect()
+}
+
 /// Bytes per weight element as stored (the interleaved repack has the same density).
 pub fn bytes_per_weight(dtype: DType) -> f64 {
     dtype.block_bytes() as f64 / dtype.block_len() as f64
@@ -223,6 +323,17 @@ pub fn tile_efficiency(family: KernelFamily, mr: usize, nr: usize, k: usize) -> 
             let r = mr as f64;
             (r * 18.0) / (r * 18.0 + 12.0)
         }
+    }
+}
+
+/// Bytes per ns one unit reads its share of the weights at, the first time in a call: from
+/// its L2 when the share fits half of it (the product ran on these weights just before, as
+/// in a sweep or a tight loop of steps on a small model), else its share of DRAM bandwidth.
+fn first_read_bw(p: &MachineProfile, unit_weight_bytes: f64, units: f64) -> f64 {
+    if unit_weight_bytes <= p.l2_bytes as f64 * 0.5 {
+        p.l2_gbs_per_core
+    } else {
+        p.dram_gbs / units
     }
 }
 
@@ -263,9 +374,7 @@ fn predict_stream_us(
     let kf = k as f64;
     let rate_of = |r: usize| {
         let (r, q) = crate::exact::stream_tile_of(dtype, r, nr);
-        let base = p.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Stream, r, q, k);
-        let r = r as f64;
-        base * (r + decode_cost(DType::Q4_1)) / (r + decode_cost(dtype))
+        p.stream_tile_gflops(dtype, r, q, k)
     };
     let full = (rows / mr) as f64 * 2.0 * mr as f64 * nn * kf / rate_of(mr);
     let rem = rows % mr;
@@ -279,17 +388,21 @@ fn predict_stream_us(
     let weight_bytes = nn * kf * bpw;
     let tiles_m = rows.div_ceil(mr) as f64;
     let dram_bw = p.dram_gbs / units;
-    let mut mem_ns = weight_bytes / dram_bw;
+    // A tile reading one stored row at a time gives the prefetchers one stream: a sweep on
+    // an Intel Xeon measured about 0.7 times the bandwidth of tiles reading two or more.
+    let streams = if nr == 1 { 0.7 } else { 1.0 };
+    let mut mem_ns = weight_bytes / (first_read_bw(p, weight_bytes, units) * streams);
     let block = t.nc.max(1) as f64 * kf * bpw;
     let reread_bw = if block <= p.l2_bytes as f64 * 0.5 {
         p.l2_gbs_per_core
     } else {
         dram_bw
     };
-    mem_ns += (tiles_m - 1.0).max(0.0) * weight_bytes / reread_bw;
-    // Per tile: lane trees, writes and row setup (~3 ns).
+    mem_ns += (tiles_m - 1.0).max(0.0) * weight_bytes / (reread_bw * streams);
+    // Per tile: lane trees, writes and row setup (~3 ns). The re-reads of every further
+    // row tile overlap the FMAs only in part.
     let tiles = tiles_m * (nn / nr as f64).ceil();
-    let extra_ns = tiles * 3.0;
+    let extra_ns = tiles * 3.0 + 0.3 * compute_ns.min(mem_ns);
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
 }
 
@@ -326,8 +439,7 @@ fn predict_packed_us(
         compute_ns *= 1.15; // the sub-panel streams from L2
     }
     let bpw = bytes_per_weight(dtype);
-    let dram_bw = p.dram_gbs / units;
-    let mut mem_ns = nn * kf * bpw / dram_bw;
+    let mut mem_ns = nn * kf * bpw / first_read_bw(p, nn * kf * bpw, units);
     // Activation tiles stay in L1 across an `nc` block's groups, so the unit's activation
     // rows are re-read once per `nc` block (from L2 when a K block of them fits, else L3);
     // the panel streams past every activation tile (from L2 when it fits, else L3).
@@ -356,8 +468,9 @@ fn predict_packed_us(
     }
     // Per tile and K block: setup and lane traffic (~4 ns); per element: lane tree (~1 ns).
     extra_ns += tiles * blocks_k * 4.0 + tiles * (mr * nr) as f64;
-    // Cache traffic overlaps the FMAs only in part.
-    extra_ns += 0.3 * compute_ns.min(mem_ns);
+    // Cache traffic overlaps the FMAs only in part; the activation re-reads (one per `nc`
+    // block) least: a sweep on an Intel Xeon lost about half their L2 time to them.
+    extra_ns += 0.3 * compute_ns.min(mem_ns) + 0.5 * a_bytes / a_bw;
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
 }
 

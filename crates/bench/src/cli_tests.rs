@@ -22,7 +22,7 @@ fn gemm_defaults_and_lists() {
             plot,
             ..
         } => {
-            assert_eq!(precision, PrecisionArg::Fast);
+            assert_eq!(precision, PrecisionArg::Exact);
             assert_eq!(dtypes, vec!["f32", "q4_1", "q8_0"]);
             assert_eq!(shapes, vec!["smollm", "llama7b"]);
             assert_eq!(m, None);
@@ -46,7 +46,7 @@ fn gemm_defaults_and_lists() {
 
 #[test]
 fn model_defaults() {
-    let c = Cli::parse_from(["x", "model", "--precision", "exact"]);
+    let c = Cli::parse_from(["x", "model", "--precision", "fast"]);
     match c.cmd {
         BenchCommand::Model {
             prompt_tokens,
@@ -56,7 +56,7 @@ fn model_defaults() {
             ..
         } => {
             assert_eq!((prompt_tokens, gen_tokens, reps), (512, 128, 3));
-            assert_eq!(precision, PrecisionArg::Exact);
+            assert_eq!(precision, PrecisionArg::Fast);
         }
         _ => panic!("not model"),
     }

@@ -40,7 +40,7 @@ pub(crate) struct ModelArgs {
     force_threads: bool,
     /// Arithmetic: `exact` (weights dequantized to f32, f32 activations) or `fast`
     /// (8-bit quantized activations meet block-quantized weights in integer dot products).
-    /// Default: exact for `logits`, fast elsewhere.
+    /// Default: exact (transformers' answers; fast trades them for a little speed).
     #[arg(long, global = true)]
     precision: Option<String>,
     /// Run every layer's attention and MLP stages over this many sub-batches of each step
@@ -163,7 +163,7 @@ enum Command {
         dtype: String,
         #[arg(long)]
         threads: Option<usize>,
-        #[arg(long, default_value = "fast")]
+        #[arg(long, default_value = "exact")]
         precision: String,
         /// How many ranked candidates to list.
         #[arg(long, default_value_t = 10)]
@@ -187,6 +187,10 @@ enum Command {
         /// Candidates timed per shape.
         #[arg(long, default_value_t = 6)]
         top: usize,
+        /// Tune these weights instead of the model's: DTYPE:KxN, comma-separated (e.g.
+        /// f32:4096x11008,q4_1:576x49152; `tessera bench gemm` sweeps such shapes).
+        #[arg(long, value_delimiter = ',')]
+        weights: Vec<String>,
     },
 }
 
@@ -377,11 +381,20 @@ fn run(cli: Cli) -> Result<()> {
             precision,
             m,
             top,
+            weights,
         } => {
-            let path = store::resolve_model(model.as_deref())?;
-            let files = tessera_formats::load_model(&path)
-                .with_context(|| format!("loading {}", path.display()))?;
-            let shapes = tessera_engine::tune::model_shapes(&files);
+            let shapes = if weights.is_empty() {
+                let path = store::resolve_model(model.as_deref())?;
+                let files = tessera_formats::load_model(&path)
+                    .with_context(|| format!("loading {}", path.display()))?;
+                tessera_engine::tune::model_shapes(&files)
+            } else {
+                weights
+                    .iter()
+                    .map(|w| tessera_engine::tune::parse_weight_shape(w))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| anyhow::anyhow!("--weights: {e}"))?
+            };
             let precisions = match precision.as_str() {
                 "both" => vec![Precision::Exact, Precision::Fast],
                 p => vec![Precision::parse(p)
@@ -468,7 +481,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Perplexity { file, ctx, model } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let engine = load(&model, Precision::Fast)?;
+            let engine = load(&model, Precision::Exact)?;
             let lora = adapter(&model, &engine)?;
             let tokens = engine.tokenizer.encode(&text)?;
             eprintln!("{} tokens, chunks of {ctx}", tokens.len());
@@ -504,7 +517,7 @@ fn run(cli: Cli) -> Result<()> {
             ignore_eos,
             model,
         } => {
-            let engine = load(&model, Precision::Fast)?;
+            let engine = load(&model, Precision::Exact)?;
             let lora = adapter(&model, &engine)?;
             let prompt_ids = if chat {
                 // The prompt is the user's text: special tokens in it stay text.

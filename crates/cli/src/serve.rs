@@ -189,7 +189,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         "serial" => true,
         o => bail!("--lora-batching {o:?}: expected mixed or serial"),
     };
-    let engine = load(&model, Precision::Fast)?;
+    let engine = load(&model, Precision::Exact)?;
     engine
         .tokenizer
         .set_allow_special_in_content(allow_special_tokens_in_chat);

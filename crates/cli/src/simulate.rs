@@ -38,7 +38,7 @@ pub struct SimulateArgs {
     /// CPU threads per rank for `--device this`.
     #[arg(long, default_value_t = 1)]
     threads_per_rank: usize,
-    #[arg(long, default_value = "fast")]
+    #[arg(long, default_value = "exact")]
     precision: String,
     /// Prefill step sizes (tokens; four sequences of uneven lengths).
     #[arg(long, value_delimiter = ',', default_value = "256,1024,4096,16384")]

@@ -160,11 +160,10 @@ impl Scheduler {
             let tokens = f.budget.min(token_reserve);
             self.fit_time(f, cached, remaining, tokens, limit) == remaining
         });
-        // The oldest first: a small guaranteed share (its minimum chunk in a short step), so
-        // nothing starves; then, but in a short step, the shortest remaining first, up to
-        // all the prefill time when nothing waits, half of it otherwise.
-        // The oldest first: a small guaranteed share, so nothing starves. A short step
-        // leaves it out, but never two in a row: then it gets its minimum chunk.
+        // The oldest first: a small guaranteed share, so nothing starves (a short step leaves
+        // it out, but never two in a row: then it gets its minimum chunk). Then, but in a
+        // short step, the shortest remaining first, up to all the prefill time when nothing
+        // waits, half of it otherwise.
         let (oldest, _) = self.behind(f);
         let skip = whole && !self.oldest_skipped;
         if let Some(o) = oldest.filter(|_| !skip) {

@@ -239,7 +239,7 @@ impl MachineProfile {
             l2_bytes: 512 << 10,
             l3_bytes: 32 << 20,
             // Measured on a Zen3 EPYC vCPU (`tessera tune` replaces them with this machine's).
-            tiles: [
+            tiles: rates(&[
                 ("f32dot", 1, 4, 27.6),
                 ("f32dot", 2, 4, 35.6),
                 ("f32dot", 3, 4, 38.2),
@@ -272,19 +272,12 @@ impl MachineProfile {
                 ("q8x8", 2, 8, 59.2),
                 ("q8x8", 3, 8, 63.8),
                 ("q8x8", 4, 8, 58.8),
-            ]
-            .iter()
-            .map(|&(f, mr, nr, g)| TileRate {
-                family: f.into(),
-                mr,
-                nr,
-                gflops: g,
-            })
-            .collect(),
+            ]),
         }
     }
 }
 
+/// A profile's tile rates from `(name, mr, nr, GFLOP/s)` rows.
 fn rates(table: &[(&str, usize, usize, f64)]) -> Vec<TileRate> {
     table
         .iter()

@@ -253,7 +253,7 @@ pub fn describe(c: &StepCost) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use tessera_sim::{MeasuredProfile, StagePoint};
@@ -324,7 +324,8 @@ mod tests {
         assert!(c.step([(0, 30, true)]) < b - c.fixed_s);
     }
 
-    fn base() -> StepCost {
+    /// A plausible step cost for the tests here and in `step_fit`.
+    pub(crate) fn base() -> StepCost {
         StepCost {
             fixed_s: 3e-3,
             per_token_s: 1.3e-3,

@@ -124,17 +124,7 @@ impl OnlineFit {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn base() -> StepCost {
-        StepCost {
-            fixed_s: 3e-3,
-            per_token_s: 1.3e-3,
-            per_key_s: 1.1e-6,
-            per_key2_s: 1e-9,
-            head_fixed_s: 1e-3,
-            per_logit_row_s: 0.4e-3,
-        }
-    }
+    use crate::step_cost::tests::base;
 
     /// A mix of step shapes: prompts, decodes, deep chunks.
     fn shapes(n: usize) -> Vec<Vec<(usize, usize, bool)>> {

@@ -9,9 +9,10 @@ starts `tessera serve` on a free 127.0.0.1 port, waits for /health, and runs
                                                            against the idle server's)
   tessera bench serve --concurrency 16 --requests 64 --output-tokens 64 --json
 
-then stops the server. It prints, per configuration, the medians over the rounds of the
-long-prefill TTFT ratio (during / idle, p50s; target <= 2) and of the 16-client output
-tokens/s, each beside the tokens-only configuration of the same precision.
+then stops the server. Odd rounds take the configurations in reverse order. It prints, per
+configuration, the medians over the rounds of the long-prefill TTFT ratio (during / idle,
+p50s; target <= 2), of the 16-client output tokens/s, and of its ratio to the same round's
+tokens-only run of the same precision.
 
   tools/bench_step_budget.py [--rounds 2] [--configs exact:0,exact:auto,fast:0,fast:auto]
                              [--out rows.jsonl]
@@ -108,7 +109,9 @@ def main():
     results = {c: [] for c in configs}
     out = open(args.out, "a") if args.out else None
     for r in range(args.rounds):
-        for c in configs:
+        # Odd rounds run the configurations in reverse (ABBA), so a drift of the machine
+        # over the sitting does not favour the one that always runs first.
+        for c in (configs if r % 2 == 0 else configs[::-1]):
             log(f"round {r + 1}/{args.rounds}, precision {c[0]}, budget {c[1]}")
             lp, load = run_config(args, c[0], c[1], args.server_log)
             ratio = lp.get("ratio_p50")
@@ -136,7 +139,8 @@ def main():
         tps = med([x[1] for x in rows])
         idle = med([x[2]["idle_ttft_ms"]["p50"] for x in rows])
         base = results.get((c[0], "0"))
-        rel = tps / med([x[1] for x in base]) if base else float("nan")
+        # The median of the per-round ratios (each against the same round's tokens-only run).
+        rel = med([x[1] / b[1] for x, b in zip(rows, base)]) if base else float("nan")
         print(f"| {c[0]} | {c[1]} | {idle:.0f} | {ratio:.2f}x | {tps:.1f} | {rel:.2f}x |")
 
 

@@ -62,6 +62,13 @@ pub struct ServeArgs {
     /// prompt. 0: steps by tokens alone.
     #[arg(long, default_value = "auto")]
     pub step_time_budget_ms: String,
+    /// Under the step-time budget, only prompts longer than this many tokens are chunked by
+    /// predicted time; shorter ones are chunked by --max-batched-tokens and
+    /// --max-prefill-chunk alone, as with a budget of 0 (finer chunks would cost them
+    /// throughput and buy little latency). Default: 4% of the context, as vLLM's
+    /// long_prefill_token_threshold. 0: every prompt is chunked by time.
+    #[arg(long)]
+    pub long_prefill_tokens: Option<usize>,
     /// Context length (default: the model's, at most 8192).
     #[arg(long)]
     pub max_model_len: Option<usize>,
@@ -130,8 +137,9 @@ fn step_time_budget(
     };
     eprintln!(
         "step cost model: {}, refitted to every step; steps filled to {effective:.0} ms \
-         predicted ({how})",
-        step_cost::describe(&cost)
+         predicted ({how}); prompts of up to {} tokens chunked by tokens alone",
+        step_cost::describe(&cost),
+        sched.long_prefill_tokens
     );
     Ok(Some(budget))
 }
@@ -152,6 +160,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_batched_tokens,
         max_prefill_chunk,
         step_time_budget_ms,
+        long_prefill_tokens,
         max_model_len,
         kv_blocks,
         kv_memory_mb,
@@ -220,6 +229,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     sched.max_model_len = max_model_len;
     sched.max_waiting = max_waiting;
     sched.adapter_serial = serial;
+    sched.long_prefill_tokens = long_prefill_tokens.unwrap_or(max_model_len / 25);
     sched.time_budget = step_time_budget(&engine, &sched, &step_time_budget_ms)?;
     sched
         .validate()

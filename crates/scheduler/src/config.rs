@@ -35,6 +35,13 @@ pub struct SchedulerConfig {
     /// Fill steps by predicted time as well as tokens (see [`crate::cost`] and the
     /// scheduler's module docs); `None`: by tokens alone.
     pub time_budget: Option<TimeBudget>,
+    /// Under a time budget, only *long prefills* are chunked by predicted time: sequences of
+    /// more than this many known tokens (prompt, plus generated ones when recomputed). A
+    /// shorter one is chunked by the token rules alone, as without a time budget: cutting a
+    /// short prompt finer than the token budget only buys latency its own few steps cannot
+    /// lose, and costs throughput (each extra step pays the step's fixed part again, and
+    /// smaller matrix products run less efficiently). 0: every prefill is long.
+    pub long_prefill_tokens: usize,
 }
 
 impl SchedulerConfig {
@@ -54,6 +61,7 @@ impl SchedulerConfig {
             group_by_adapter: true,
             adapter_serial: false,
             time_budget: None,
+            long_prefill_tokens: 0,
         }
     }
 

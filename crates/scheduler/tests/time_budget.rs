@@ -118,6 +118,54 @@ fn a_short_arrival_runs_whole_in_the_next_step_and_that_step_is_short() {
 }
 
 #[test]
+fn only_long_prefills_are_chunked_by_time() {
+    // A budget that 16 decodes nearly fill: by time, a prompt gets only a few tokens.
+    let mut c = timed(45.0);
+    c.max_num_batched_tokens = 128;
+    c.max_prefill_chunk = 64;
+    c.long_prefill_tokens = 200;
+    let mut s = Scheduler::new(c.clone()).unwrap();
+    for id in 0..16 {
+        s.add_request(req(id, 8, 100)).unwrap();
+    }
+    for _ in 0..100 {
+        if (0..16).all(|id| s.generated(id).is_some_and(|g| !g.is_empty())) {
+            break;
+        }
+        step(&mut s);
+    }
+    // A 150-token prompt (not long) gets its chunks by tokens: the longest chunk, within
+    // the half of the token budget admissions keep.
+    s.add_request(req(50, 150, 4)).unwrap();
+    let p = step(&mut s);
+    assert_eq!(p.get(50).map(|e| e.tokens.len()), Some(64));
+    let p = step(&mut s);
+    assert_eq!(p.get(50).map(|e| e.tokens.len()), Some(64));
+    // A 3,000-token one (long) gets what the time budget leaves: far fewer.
+    s.add_request(req(60, 3000, 4)).unwrap();
+    let mut got = 0;
+    for _ in 0..3 {
+        got = got.max(step(&mut s).get(60).map_or(0, |e| e.tokens.len()));
+    }
+    assert!(got > 0 && got < 40, "{got}");
+    // With every prefill long, the short prompt is chunked by time too.
+    c.long_prefill_tokens = 0;
+    let mut s = Scheduler::new(c).unwrap();
+    for id in 0..16 {
+        s.add_request(req(id, 8, 100)).unwrap();
+    }
+    for _ in 0..100 {
+        if (0..16).all(|id| s.generated(id).is_some_and(|g| !g.is_empty())) {
+            break;
+        }
+        step(&mut s);
+    }
+    s.add_request(req(50, 150, 4)).unwrap();
+    let first = step(&mut s).get(50).map_or(0, |e| e.tokens.len());
+    assert!(first > 0 && first < 40, "{first}");
+}
+
+#[test]
 fn a_long_prefill_progresses_under_a_stream_of_short_arrivals() {
     let mut s = Scheduler::new(timed(60.0)).unwrap();
     s.add_request(req(1, 3000, 1)).unwrap();
@@ -285,9 +333,10 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
         1.0f64..40.0,
         prop_oneof![Just(0.0f64), Just(1e-5), Just(1e-4)],
         proptest::option::of(1usize..64),
+        prop_oneof![Just(0usize), 1usize..96],
     )
         .prop_map(
-            |(blocks, bs, seqs, extra, chunk, align, ms, per_key, relative)| {
+            |(blocks, bs, seqs, extra, chunk, align, ms, per_key, relative, long_prefill)| {
                 let mut c = SchedulerConfig::new(blocks, bs);
                 c.max_num_seqs = seqs;
                 c.max_num_batched_tokens = seqs + extra;
@@ -299,6 +348,7 @@ fn config() -> impl Strategy<Value = SchedulerConfig> {
                 };
                 c.max_model_len = 96;
                 c.max_waiting = 16;
+                c.long_prefill_tokens = long_prefill;
                 let cost = StepCost {
                     fixed_s: 1e-3,
                     per_token_s: 1e-3,
@@ -328,7 +378,7 @@ proptest! {
         arrivals in proptest::collection::vec((0usize..6, 1usize..90, 1usize..8), 1..40),
     ) {
         let tb = cfg.time_budget.unwrap();
-        let align = cfg.chunk_align;
+        let (align, long_prefill) = (cfg.chunk_align, cfg.long_prefill_tokens);
         let mut s = Scheduler::new(cfg).unwrap();
         let mut lens = std::collections::HashMap::new();
         let mut arrivals = arrivals.into_iter();
@@ -359,10 +409,26 @@ proptest! {
                         .then_some((i, done))
                 })
                 .collect();
+            // Sequences too short to be long prefills, chunked by tokens alone: their
+            // chunks (but decodes) come on top of what the budget allows.
+            let short: Vec<u64> = lens
+                .iter()
+                .filter(|&(&i, &len)| {
+                    len + s.generated(i).map_or(0, |g| g.len()) <= long_prefill
+                        && !caught_up.iter().any(|c| c.0 == i)
+                })
+                .map(|(&i, _)| i)
+                .collect();
             let p = step(&mut s);
             let t = tb.cost.plan(&p);
-            prop_assert!(t <= allowed(&tb, &caught_up, &p, align),
-                "step {}: {} > {}", p.step, t, allowed(&tb, &caught_up, &p, align));
+            let by_tokens: f64 = p
+                .seqs
+                .iter()
+                .filter(|e| short.contains(&e.id))
+                .map(|e| tb.cost.chunk(e.start_pos, e.tokens.len(), true) + tb.cost.head_fixed_s)
+                .sum();
+            let may = allowed(&tb, &caught_up, &p, align) + by_tokens;
+            prop_assert!(t <= may, "step {}: {} > {}", p.step, t, may);
             for &(i, _) in &caught_up {
                 prop_assert!(p.get(i).is_some() || p.preempted.contains(&i)
                     || !s.status(i).is_some_and(|st| st == tessera_scheduler::Status::Running),

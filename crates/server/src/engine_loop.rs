@@ -365,6 +365,10 @@ impl Loop<'_> {
     fn deliver(&mut self, out: StepOutcome) {
         let m = self.metrics.clone();
         m.steps.fetch_add(1, Ordering::Relaxed);
+        m.step_forward_us
+            .fetch_add((out.forward_s * 1e6) as u64, Ordering::Relaxed);
+        m.step_tokens
+            .fetch_add(out.tokens as u64, Ordering::Relaxed);
         m.preemptions
             .fetch_add(out.preempted as u64, Ordering::Relaxed);
         m.requests_failed

@@ -59,6 +59,10 @@ pub struct Metrics {
     pub requests_rejected: AtomicU64,
     pub requests_failed: AtomicU64,
     pub steps: AtomicU64,
+    /// Microseconds engine steps spent in the forward (plus sampling), summed.
+    pub step_forward_us: AtomicU64,
+    /// Tokens of every step (decodes and prefill chunks), summed.
+    pub step_tokens: AtomicU64,
     pub preemptions: AtomicU64,
     pub ttft: Histogram,
     pub tpot: Histogram,
@@ -159,6 +163,18 @@ impl Metrics {
             "tessera_engine_steps_total",
             "Engine steps run.",
             l(&self.steps),
+        );
+        s.push_str(&format!(
+            "# HELP tessera_engine_step_seconds_total Seconds engine steps spent running their \
+             batch (forward and sampling).\n# TYPE tessera_engine_step_seconds_total counter\n\
+             tessera_engine_step_seconds_total {}\n",
+            l(&self.step_forward_us) as f64 / 1e6
+        ));
+        counter(
+            &mut s,
+            "tessera_engine_step_tokens_total",
+            "Tokens engine steps ran (decodes and prefill chunks).",
+            l(&self.step_tokens),
         );
         counter(
             &mut s,

@@ -265,7 +265,7 @@ impl Scheduler {
                     limit_s,
                     whole_only,
                 } => {
-                    let n = self.fit_time(f, cached, remaining, f.budget, limit_s);
+                    let n = self.fit_time(f, st.tokens.len(), cached, remaining, f.budget, limit_s);
                     if whole_only && n < remaining {
                         0
                     } else {

@@ -29,12 +29,15 @@ impl Scheduler {
                 .sum::<f64>()
     }
 
-    /// The longest chunk of a sequence at `start` with `remaining` tokens that keeps the
-    /// step's predicted time within `limit_s`, in at most `tokens` tokens, aligned as
-    /// [`Scheduler::chunk_len`] aligns (0 if none fits). Without a time budget: by tokens.
+    /// The longest chunk of a sequence of `known` tokens at `start` with `remaining` tokens
+    /// that keeps the step's predicted time within `limit_s`, in at most `tokens` tokens,
+    /// aligned as [`Scheduler::chunk_len`] aligns (0 if none fits). Without a time budget,
+    /// or for a sequence that is no long prefill (see
+    /// [`crate::SchedulerConfig::long_prefill_tokens`]): by tokens.
     pub(super) fn fit_time(
         &self,
         f: &Fill,
+        known: usize,
         start: usize,
         remaining: usize,
         tokens: usize,
@@ -43,6 +46,9 @@ impl Scheduler {
         let Some(tb) = &self.cfg.time_budget else {
             return self.chunk_len(start, remaining, tokens);
         };
+        if known <= self.cfg.long_prefill_tokens {
+            return self.chunk_len(start, remaining, tokens);
+        }
         let c = &tb.cost;
         let left = limit_s - self.predicted(tb, f);
         let first_logits = !f.picks.iter().any(|p| p.logits);
@@ -96,7 +102,7 @@ impl Scheduler {
             if st.status != Status::Running {
                 continue;
             }
-            let (start, remaining) = (st.num_computed, st.remaining());
+            let (known, start, remaining) = (st.tokens.len(), st.num_computed, st.remaining());
             let prev = f
                 .picks
                 .iter()
@@ -104,7 +110,7 @@ impl Scheduler {
                 .map(|i| f.picks.remove(i));
             f.budget += prev.map_or(0, |p| p.len);
             let tokens = f.budget.saturating_sub(tokens_reserved);
-            let mut len = self.fit_time(f, start, remaining, tokens, limit_s);
+            let mut len = self.fit_time(f, known, start, remaining, tokens, limit_s);
             if forced && len == 0 && prev.is_none() {
                 // The mandatory minimum: past the reserves, within the token budget.
                 len = self.min_chunk(start, remaining);
@@ -158,7 +164,7 @@ impl Scheduler {
             let cached = self.kv.peek_prefix(st.adapter, &st.tokens);
             let remaining = st.tokens.len() - cached;
             let tokens = f.budget.min(token_reserve);
-            self.fit_time(f, cached, remaining, tokens, limit) == remaining
+            self.fit_time(f, st.tokens.len(), cached, remaining, tokens, limit) == remaining
         });
         // The oldest first: a small guaranteed share, so nothing starves (a short step leaves
         // it out, but never two in a row: then it gets its minimum chunk). Then, but in a

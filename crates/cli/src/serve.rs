@@ -58,7 +58,7 @@ pub struct ServeArgs {
     /// (--max-batched-tokens stays an upper limit). The prediction is a cost model fitted at
     /// start-up to the model's measured stage times, attention over the context included, so
     /// chunks deep in long prompts get fewer tokens and a short request arriving meanwhile
-    /// starts within about one budget. `auto`: 1.5 times the predicted step of a 32-token
+    /// starts within about one budget. `auto`: 1.25 times the predicted step of a 32-token
     /// prompt. 0: steps by tokens alone.
     #[arg(long, default_value = "auto")]
     pub step_time_budget_ms: String,
@@ -129,7 +129,7 @@ fn step_time_budget(
     };
     let (asked, effective) = (budget.budget_s() * 1e3, budget.effective_s() * 1e3);
     let how = match ms {
-        None => "auto: 1.5x a 32-token prompt's step, refitted with the cost".to_string(),
+        None => "auto: 1.25x a 32-token prompt's step, refitted with the cost".to_string(),
         Some(_) if effective > asked => {
             format!("raised from {asked:.0} ms: the fixed parts take at most a quarter")
         }

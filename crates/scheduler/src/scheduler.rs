@@ -32,7 +32,9 @@
 //! [`crate::StepCost`] fitted by the engine from its measured stage profile, and a budget in
 //! seconds), passes 2 and 3 fill the step until its *predicted* time reaches the budget (the
 //! token budget stays an upper limit), so deep chunks get fewer tokens
-//! ([`timed`] holds the arithmetic):
+//! ([`timed`] holds the arithmetic). Only long prefills are sized by time: a sequence of at
+//! most `long_prefill_tokens` known tokens gets its chunks by the token rules above, wherever
+//! the rules below size one (its chunks still count in the step's predicted time):
 //!
 //! - the budget is raised, if need be, so the fixed parts take at most a quarter of a step
 //!   ([`crate::TimeBudget::effective_s`]: on a machine too slow or too busy for the budget,

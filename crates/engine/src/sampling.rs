@@ -142,8 +142,18 @@ impl Sampler {
         }
     }
 
-    /// Picks the next token from (a copy of) `logits`.
+    /// Whether any penalty is set (so `sample` must work on a penalized copy).
+    fn penalized(&self) -> bool {
+        let p = &self.params;
+        p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+    }
+
+    /// Picks the next token from `logits` (penalties apply to a copy). Greedy decoding
+    /// without penalties reads `logits` in place: no per-token copy of a vocabulary row.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.params.temperature == 0.0 && !self.penalized() {
+            return argmax(logits);
+        }
         let mut l = logits.to_vec();
         self.apply_penalties(&mut l);
         let p = self.params.clone();

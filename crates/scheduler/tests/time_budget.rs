@@ -45,6 +45,22 @@ fn run_until(s: &mut Scheduler, id: u64, pos: usize) {
     panic!("request {id} never reached {pos}");
 }
 
+/// A scheduler on `cfg` with `n` 8-token requests (ids `0..n`) of `max_tokens` each, stepped
+/// until every one of them decodes.
+fn decoding(cfg: SchedulerConfig, n: u64, max_tokens: usize) -> Scheduler {
+    let mut s = Scheduler::new(cfg).unwrap();
+    for id in 0..n {
+        s.add_request(req(id, 8, max_tokens)).unwrap();
+    }
+    for _ in 0..1000 {
+        if (0..n).all(|id| s.generated(id).is_some_and(|g| !g.is_empty())) {
+            return s;
+        }
+        step(&mut s);
+    }
+    panic!("{n} requests never all decoded");
+}
+
 #[test]
 fn deep_chunks_get_fewer_tokens_and_steps_stay_in_budget() {
     let mut s = Scheduler::new(timed(100.0)).unwrap();
@@ -124,16 +140,7 @@ fn only_long_prefills_are_chunked_by_time() {
     c.max_num_batched_tokens = 128;
     c.max_prefill_chunk = 64;
     c.long_prefill_tokens = 200;
-    let mut s = Scheduler::new(c.clone()).unwrap();
-    for id in 0..16 {
-        s.add_request(req(id, 8, 100)).unwrap();
-    }
-    for _ in 0..100 {
-        if (0..16).all(|id| s.generated(id).is_some_and(|g| !g.is_empty())) {
-            break;
-        }
-        step(&mut s);
-    }
+    let mut s = decoding(c.clone(), 16, 100);
     // A 150-token prompt (not long) gets its chunks by tokens: the longest chunk, within
     // the half of the token budget admissions keep.
     s.add_request(req(50, 150, 4)).unwrap();
@@ -150,16 +157,7 @@ fn only_long_prefills_are_chunked_by_time() {
     assert!(got > 0 && got < 40, "{got}");
     // With every prefill long, the short prompt is chunked by time too.
     c.long_prefill_tokens = 0;
-    let mut s = Scheduler::new(c).unwrap();
-    for id in 0..16 {
-        s.add_request(req(id, 8, 100)).unwrap();
-    }
-    for _ in 0..100 {
-        if (0..16).all(|id| s.generated(id).is_some_and(|g| !g.is_empty())) {
-            break;
-        }
-        step(&mut s);
-    }
+    let mut s = decoding(c, 16, 100);
     s.add_request(req(50, 150, 4)).unwrap();
     let first = step(&mut s).get(50).map_or(0, |e| e.tokens.len());
     assert!(first > 0 && first < 40, "{first}");
@@ -236,16 +234,7 @@ fn shortest_remaining_prefill_goes_after_the_oldest() {
 #[test]
 fn decodes_always_run_and_admissions_keep_a_floor() {
     // Budget 20 ms, but 24 decodes cost more than that alone.
-    let mut s = Scheduler::new(timed(20.0)).unwrap();
-    for id in 0..24 {
-        s.add_request(req(id, 8, 200)).unwrap();
-    }
-    for _ in 0..1000 {
-        if (0..24).all(|id| s.generated(id).is_some_and(|g| !g.is_empty())) {
-            break;
-        }
-        step(&mut s);
-    }
+    let mut s = decoding(timed(20.0), 24, 200);
     s.add_request(req(99, 8, 3)).unwrap();
     let p = step(&mut s);
     for id in 0..24 {

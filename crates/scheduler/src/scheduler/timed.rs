@@ -43,12 +43,10 @@ impl Scheduler {
         tokens: usize,
         limit_s: f64,
     ) -> usize {
-        let Some(tb) = &self.cfg.time_budget else {
-            return self.chunk_len(start, remaining, tokens);
+        let tb = match &self.cfg.time_budget {
+            Some(tb) if known > self.cfg.long_prefill_tokens => tb,
+            _ => return self.chunk_len(start, remaining, tokens),
         };
-        if known <= self.cfg.long_prefill_tokens {
-            return self.chunk_len(start, remaining, tokens);
-        }
         let c = &tb.cost;
         let left = limit_s - self.predicted(tb, f);
         let first_logits = !f.picks.iter().any(|p| p.logits);

@@ -20,6 +20,7 @@ use crate::plan::Plan;
 thread_local! {
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static LANE_ACC: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static X_TILES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The packed kernel's tile for a requested one: `nr` in 2..=4, `mr` in 1..=4, or up to 8
@@ -53,6 +54,12 @@ pub fn packed_kc(kc: usize, k: usize) -> usize {
     }
 }
 /// Runs a packed plan over activation rows `rows` and weight rows `cols`.
+///
+/// Loop order: for each block of `nc` weight rows, every K block of it is dequantized into
+/// the panel (`[kb][group][step][nr][8]` with each block's tails); then for each block of
+/// `mc` activation rows, each K block, each `mr`-row tile, the tile runs over the panel's
+/// groups. Lane slots (the accumulators that live between K blocks) are needed only for the
+/// tiles of one `mc` block, so they stay in cache.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn packed_range(
     isa: Isa,
@@ -69,78 +76,259 @@ pub(crate) fn packed_range(
     let (mr, nr) = packed_tile_for(plan.tile.mr, plan.tile.nr);
     let kc = packed_kc(plan.tile.kc, k);
     let nc = plan.tile.nc.max(nr).div_ceil(nr) * nr;
-    // Tiles start at multiples of `mr` from `rows.start`, so each has one lane slot.
+    // Tiles start at multiples of `mr` from each `mc` block's start, so each has one slot.
     let mc = plan.tile.mc.max(mr).div_ceil(mr) * mr;
     let blocks_k = k.div_ceil(kc);
     let groups_max = nc / nr;
-    let tiles_m = rows.len().div_ceil(mr);
     let slot = mr * nr * LANES;
     let dtype = w.dtype();
-    PANEL.with(|panel| {
-        LANE_ACC.with(|lanes| {
-            let mut panel = panel.borrow_mut();
-            let mut lanes = lanes.borrow_mut();
-            if panel.len() < nc * kc {
-                panel.resize(nc * kc, 0.0);
-            }
-            // One lane slot per tile when K is blocked (they live across K blocks), else one.
-            let need = if blocks_k > 1 {
-                tiles_m * groups_max * slot
-            } else {
-                slot
-            };
-            if lanes.len() < need {
-                lanes.resize(need, 0.0);
-            }
-            let mut n0 = cols.start;
-            while n0 < cols.end {
-                let ncb = nc.min(cols.end - n0);
-                let groups = ncb.div_ceil(nr);
-                for kb in 0..blocks_k {
-                    let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
-                    let len = k1 - k0;
-                    for g in 0..groups {
-                        let r0 = n0 + g * nr;
-                        let live = nr.min(n0 + ncb - r0);
-                        let dst = &mut panel[g * nr * len..(g + 1) * nr * len];
-                        pack(isa, dtype, w, r0, live, nr, k0, k1, dst);
+    let macro_tile = cfg!(target_arch = "x86_64") && isa == Isa::Avx2Fma && nr == 4 && wide(nr);
+    X_TILES.with(|xt| {
+        PANEL.with(|panel| {
+            LANE_ACC.with(|lanes| {
+                let mut panel = panel.borrow_mut();
+                let mut lanes = lanes.borrow_mut();
+                let mut xt = xt.borrow_mut();
+                if macro_tile {
+                    // Every tile of the unit's rows packed once per call (tiles start at
+                    // multiples of `mr` from `rows.start`, as the loops below take them).
+                    if xt.len() < rows.len() * k {
+                        xt.resize(rows.len() * k, 0.0);
+                    }
+                    let mut i = rows.start;
+                    while i < rows.end {
+                        let mi = mr.min(rows.end - i).min(mc - (i - rows.start) % mc);
+                        let at = (i - rows.start) * k;
+                        pack_x_tile(x, k, i..i + mi, &mut xt[at..at + mi * k]);
+                        i += mi;
+                    }
+                }
+                if panel.len() < nc * k {
+                    panel.resize(nc * k, 0.0);
+                }
+                // One lane slot per tile of an `mc` block and group when K is blocked, else one.
+                let need = if blocks_k > 1 {
+                    mc.min(rows.len()).div_ceil(mr) * groups_max * slot
+                } else {
+                    slot
+                };
+                if lanes.len() < need {
+                    lanes.resize(need, 0.0);
+                }
+                let mut n0 = cols.start;
+                while n0 < cols.end {
+                    let ncb = nc.min(cols.end - n0);
+                    let groups = ncb.div_ceil(nr);
+                    // K block `kb` of the panel: `groups · nr · len` values from here.
+                    let kb_at = |kb: usize| kb * kc * nr * groups;
+                    for kb in 0..blocks_k {
+                        let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
+                        let len = k1 - k0;
+                        for g in 0..groups {
+                            let r0 = n0 + g * nr;
+                            let live = nr.min(n0 + ncb - r0);
+                            let at = kb_at(kb) + g * nr * len;
+                            pack(
+                                isa,
+                                dtype,
+                                w,
+                                r0,
+                                live,
+                                nr,
+                                k0,
+                                k1,
+                                &mut panel[at..at + nr * len],
+                            );
+                        }
                     }
                     let mut m0 = rows.start;
                     while m0 < rows.end {
                         let m1 = (m0 + mc).min(rows.end);
-                        // Each activation tile stays in L1 while the interleaved panel
-                        // groups stream past it (one contiguous stream from L2).
-                        let mut i = m0;
-                        while i < m1 {
-                            let mi = mr.min(m1 - i);
-                            for g in 0..groups {
-                                let pg = &panel[g * nr * len..(g + 1) * nr * len];
-                                let live = nr.min(ncb - g * nr);
+                        for kb in 0..blocks_k {
+                            let (k0, k1) = (kb * kc, ((kb + 1) * kc).min(k));
+                            let len = k1 - k0;
+                            let pkb = &panel[kb_at(kb)..kb_at(kb) + groups * nr * len];
+                            let (first, last) = (kb == 0, kb + 1 == blocks_k);
+                            // Each activation tile stays in L1 while the interleaved panel
+                            // groups stream past it (one contiguous stream from L2).
+                            let mut i = m0;
+                            while i < m1 {
+                                let mi = mr.min(m1 - i);
                                 let s = if blocks_k > 1 {
-                                    (((i - rows.start) / mr) * groups_max + g) * slot
+                                    ((i - m0) / mr) * groups_max * slot
                                 } else {
                                     0
                                 };
-                                let acc = &mut lanes[s..s + slot];
-                                let last = kb + 1 == blocks_k;
-                                let vals =
-                                    tile(isa, mi, nr, x, k, i, k0, k1, pg, acc, kb == 0, last);
-                                if last {
-                                    for a in 0..mi {
-                                        let v = &vals[a * nr..a * nr + live];
-                                        write_row(out, n, i + a, n0 + g * nr, v, bias);
+                                #[cfg(target_arch = "x86_64")]
+                                if macro_tile {
+                                    let at = (i - rows.start) * k;
+                                    // The next tile's activations of this K block (or the
+                                    // first tile's of the next), fetched while this one runs.
+                                    let (ni, nk0, nk1) = if i + mi < m1 {
+                                        (i + mi, k0, k1)
+                                    } else if kb + 1 < blocks_k {
+                                        (m0, k1, (k1 + kc).min(k))
+                                    } else {
+                                        (m1, 0, kc)
+                                    };
+                                    let x_next = if ni < rows.end {
+                                        let nmi = mr.min(rows.end - ni).min(m1.max(ni + 1) - ni);
+                                        let nat = (ni - rows.start) * k;
+                                        &xt[nat + nk0 * nmi..nat + nk1 * nmi]
+                                    } else {
+                                        &[]
+                                    };
+                                    let block = Block {
+                                        x_next,
+                                        x: &xt[at..at + mi * k],
+                                        k,
+                                        rows: i..i + mi,
+                                        k0,
+                                        k1,
+                                        panel: pkb,
+                                        slots: &mut lanes[s..],
+                                        slot,
+                                        first,
+                                        last,
+                                        out,
+                                        n,
+                                        cols: n0..n0 + ncb,
+                                        bias: bias.map(|b| &b[n0..n0 + ncb]),
+                                    };
+                                    block.run_avx512();
+                                    i += mi;
+                                    continue;
+                                }
+                                for g in 0..groups {
+                                    let pg = &pkb[g * nr * len..(g + 1) * nr * len];
+                                    let live = nr.min(ncb - g * nr);
+                                    let gs = if blocks_k > 1 { s + g * slot } else { 0 };
+                                    let acc = &mut lanes[gs..gs + slot];
+                                    let vals =
+                                        tile(isa, mi, nr, x, k, i, k0, k1, pg, acc, first, last);
+                                    if last {
+                                        for a in 0..mi {
+                                            let v = &vals[a * nr..a * nr + live];
+                                            write_row(out, n, i + a, n0 + g * nr, v, bias);
+                                        }
                                     }
                                 }
+                                i += mi;
                             }
-                            i += mi;
                         }
                         m0 = m1;
                     }
+                    n0 += ncb;
                 }
-                n0 += ncb;
-            }
+            })
         })
     });
+}
+
+/// Packs activation rows `rows` (K values each) as one tile: chunks of 8 as
+/// `[step][row][8]`, then the `K % 8` tail as `[row][tail]`.
+fn pack_x_tile(x: &[f32], k: usize, rows: Range<usize>, dst: &mut [f32]) {
+    let mr = rows.len();
+    let steps = k / 8;
+    assert!(dst.len() == mr * k && rows.end * k <= x.len());
+    for (a, i) in rows.enumerate() {
+        let row = &x[i * k..(i + 1) * k];
+        for s in 0..steps {
+            dst[(s * mr + a) * 8..(s * mr + a) * 8 + 8].copy_from_slice(&row[8 * s..8 * s + 8]);
+        }
+        let tail = k - 8 * steps;
+        let at = steps * 8 * mr + a * tail;
+        dst[at..at + tail].copy_from_slice(&row[8 * steps..]);
+    }
+}
+
+/// One activation tile against every 4-row group of a panel over one K block, for the
+/// AVX-512 macro tile (`x86::avx512_packed::packed_groups`).
+#[cfg(target_arch = "x86_64")]
+struct Block<'a, 'o> {
+    /// The tile's packed activations (`pack_x_tile`): `rows.len() · k` values.
+    x: &'a [f32],
+    /// What the next tile will read, to prefetch (may be empty).
+    x_next: &'a [f32],
+    k: usize,
+    /// Activation rows of the tile (at most 8).
+    rows: Range<usize>,
+    k0: usize,
+    k1: usize,
+    /// `groups · 4 · (k1 − k0)` values.
+    panel: &'a [f32],
+    /// Lane slots of the tile's groups, `slot` floats apart.
+    slots: &'a mut [f32],
+    slot: usize,
+    first: bool,
+    last: bool,
+    out: DisjointMut<'o, f32>,
+    n: usize,
+    /// Output columns of the panel's groups (the last group may be partial).
+    cols: Range<usize>,
+    bias: Option<&'a [f32]>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Block<'_, '_> {
+    fn run_avx512(self) {
+        let len = self.k1 - self.k0;
+        let (steps, tail) = (len / 8, len % 8);
+        let groups = self.cols.len().div_ceil(4);
+        let mr = self.rows.len();
+        assert!((1..=8).contains(&mr) && self.k1 <= self.k && self.panel.len() == groups * 4 * len);
+        assert!(self.x.len() == mr * self.k && crate::isa::avx512_exact());
+        assert!(tail == 0 || self.k1 == self.k);
+        assert!(self.first && self.last || self.slots.len() >= (groups - 1) * self.slot + mr * 32);
+        assert!(self.slot >= mr * 32 && self.bias.is_none_or(|b| b.len() == self.cols.len()));
+        let bias = self.bias.map_or(std::ptr::null(), |b| b.as_ptr());
+        macro_rules! run {
+            ($MR:literal) => {{
+                let xp = self.x[self.k0 * $MR..].as_ptr();
+                let xt = self.x[(self.k / 8) * 8 * $MR..].as_ptr();
+                // Row segments of the block's columns (bounds checked by `slice`); only
+                // written on the last K block.
+                let op: [*mut f32; $MR] = std::array::from_fn(|a| {
+                    let start = (self.rows.start + a) * self.n + self.cols.start;
+                    // SAFETY: rows and columns inside this unit's disjoint ranges.
+                    unsafe { self.out.slice(start, self.cols.len()) }.as_mut_ptr()
+                });
+                // SAFETY: AVX-512 F/DQ/VL, AVX2 and FMA checked (`avx512_exact`); the packed
+                // tile holds mr · k values: steps chunks of mr · 8 from k0 · mr, the tail
+                // (only in the last K block) after all chunks; the panel holds every
+                // group (asserted); slots as asserted; the row segments hold the block's
+                // columns, and so does the bias.
+                unsafe {
+                    crate::x86::avx512_packed::packed_groups::<$MR>(
+                        xp,
+                        xt,
+                        self.x_next,
+                        self.panel.as_ptr(),
+                        groups,
+                        steps,
+                        tail,
+                        self.slots.as_mut_ptr(),
+                        self.slot,
+                        self.first,
+                        self.last,
+                        op,
+                        self.cols.len(),
+                        bias,
+                    )
+                }
+            }};
+        }
+        match mr {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            5 => run!(5),
+            6 => run!(6),
+            7 => run!(7),
+            _ => run!(8),
+        }
+    }
 }
 
 /// Dequantizes elements `k0..k1` of weight rows `r0..r0 + live` into `dst` as

@@ -416,3 +416,63 @@ fn time_packed_microkernel() {
         );
     }
 }
+
+/// The AVX-512 macro tile alone (`--ignored --nocapture time_macro_tile`): one 6-row packed
+/// activation tile against `groups` 4-row groups, panel sizes from L1 to past L2.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn time_macro_tile() {
+    if !crate::isa::avx512_exact() {
+        return;
+    }
+    for (len, groups) in [
+        (576, 32),
+        (1024, 32),
+        (512, 32),
+        (512, 8),
+        (1024, 8),
+        (256, 64),
+        (2048, 16),
+    ] {
+        let steps = len / 8;
+        let x = acts(6, len, 1);
+        let panel = acts(1, groups * 4 * len, 2);
+        let mut slots = vec![0f32; groups * 192];
+        let mut out = vec![0f32; 6 * groups * 4];
+        let op: [*mut f32; 6] = std::array::from_fn(|a| out[a * groups * 4..].as_mut_ptr());
+        let reps = (400_000_000 / (len * groups * 48)).max(1);
+        for (first, last) in [(true, true), (false, false)] {
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                // SAFETY: AVX-512 checked; a packed tile of 6·len, a panel of groups·4·len,
+                // slots of groups·192, rows of groups·4.
+                unsafe {
+                    crate::x86::avx512_packed::packed_groups::<6>(
+                        x.as_ptr(),
+                        x.as_ptr(),
+                        &[],
+                        panel.as_ptr(),
+                        groups,
+                        steps,
+                        0,
+                        slots.as_mut_ptr(),
+                        192,
+                        first,
+                        last,
+                        op,
+                        groups * 4,
+                        std::ptr::null(),
+                    )
+                };
+            }
+            let s = t.elapsed().as_secs_f64();
+            println!(
+                "6x4 len {len} groups {groups} ({} KiB panel) first {first} last {last}: {:.1} GFLOP/s ({})",
+                groups * 4 * len * 4 / 1024,
+                48.0 * (len * groups * reps) as f64 / s / 1e9,
+                out[0]
+            );
+        }
+    }
+}

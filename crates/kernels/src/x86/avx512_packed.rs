@@ -120,3 +120,174 @@ pub unsafe fn packed_tile<const MR: usize, const NR: usize>(
     }
     out
 }
+
+/// The packed kernel's AVX-512 macro tile: an `MR`-row activation tile (MR ≤ 8) against
+/// `groups` consecutive 4-row groups of a panel (`[group][step][4][8]`, then each group's
+/// tail `[4][tail_len]`), over one K block. Each group runs exactly
+/// [`packed_tile::<MR, 4>`]'s chunks in order, so every element's lanes are the same numbers;
+/// what changes is the finish: on the last K block the lane trees of four rows run together
+/// on 512-bit registers (the canonical pairing: `h_l = lane_l + lane_{l+4}`,
+/// `q_0 = h_0 + h_2`, `q_1 = h_1 + h_3`, `s = q_0 + q_1`), the tail is added in order, then the
+/// bias, and each row's four values are stored straight into the output (masked at the
+/// block's last columns). No per-group call, copy or write-back of the results.
+///
+/// Lane slots: group `g`'s are `slots + g · slot_stride` (`MR · 4 · 8` floats used), read
+/// unless `first`, written unless `last`.
+///
+/// The activation tile is packed (`pack_x_tile`): `x` holds its `steps` chunks as
+/// `[step][MR][8]`, `x_tail` its `[MR][tail_len]` tail, so the tile is one contiguous stream
+/// whatever K is (rows `K` floats apart would map to the same L1 sets when K is a multiple
+/// of 1024).
+///
+/// # Safety
+/// AVX2+FMA+AVX-512F/DQ/VL; `x` valid for `MR · 8 · steps` reads, `x_tail` for
+/// `MR · tail_len`; `panel` for
+/// `groups · 4 · (8 · steps + tail_len)`; the slots as above; when `last`, `out[m]` valid for
+/// `cols` writes (`cols ≤ 4 · groups`, `cols > 4 · (groups − 1)`) and `bias` null or valid
+/// for `cols` reads.
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+pub unsafe fn packed_groups<const MR: usize>(
+    x: *const f32,
+    x_tail: *const f32,
+    x_next: &[f32],
+    panel: *const f32,
+    groups: usize,
+    steps: usize,
+    tail_len: usize,
+    slots: *mut f32,
+    slot_stride: usize,
+    first: bool,
+    last: bool,
+    out: [*mut f32; MR],
+    cols: usize,
+    bias: *const f32,
+) {
+    debug_assert!(MR >= 1 && MR <= 8 && cols <= 4 * groups && cols + 4 > 4 * groups);
+    let group_len = 4 * (8 * steps + tail_len);
+    // The next tile's activations (64-byte lines), fetched into L2 a share per group, so
+    // that tile does not start on L3 latency.
+    let next_lines = x_next.len().div_ceil(16);
+    for g in 0..groups {
+        for l in next_lines * g / groups..next_lines * (g + 1) / groups {
+            _mm_prefetch::<_MM_HINT_T1>(x_next.as_ptr().wrapping_add(16 * l).cast());
+        }
+        let slot = slots.wrapping_add(g * slot_stride);
+        let mut a = [[_mm512_setzero_ps(); 2]; MR];
+        if !first {
+            for m in 0..MR {
+                for p in 0..2 {
+                    a[m][p] = _mm512_loadu_ps(slot.add((m * 4 + 2 * p) * 8));
+                }
+            }
+        }
+        let mut bp = panel.add(g * group_len);
+        let mut xp = x;
+        for _ in 0..steps {
+            // The panel streams from L2 (and runs on into the next group): fetch ahead.
+            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(32 * PF_STEPS).cast());
+            _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(32 * PF_STEPS + 16).cast());
+            let w0 = _mm512_loadu_ps(bp);
+            let w1 = _mm512_loadu_ps(bp.add(16));
+            for m in 0..MR {
+                let xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp.add(8 * m)));
+                a[m][0] = _mm512_fmadd_ps(xv, w0, a[m][0]);
+                a[m][1] = _mm512_fmadd_ps(xv, w1, a[m][1]);
+            }
+            bp = bp.add(32);
+            xp = xp.add(8 * MR);
+        }
+        if !last {
+            for m in 0..MR {
+                for p in 0..2 {
+                    _mm512_storeu_ps(slot.add((m * 4 + 2 * p) * 8), a[m][p]);
+                }
+            }
+            continue;
+        }
+        let col0 = 4 * g;
+        let live = (cols - col0).min(4);
+        let mut m0 = 0;
+        while m0 < MR {
+            let rows = (MR - m0).min(4);
+            // Four rows' values, row-major (`[r][n]`); rows past `rows` are padding.
+            let quad = |r: usize| {
+                if m0 + r < MR {
+                    a[m0 + r]
+                } else {
+                    [_mm512_setzero_ps(); 2]
+                }
+            };
+            let mut s = reduce_rows4(quad(0), quad(1), quad(2), quad(3));
+            if tail_len > 0 {
+                // The `K % 8` tail, element by element in order (rare: K a multiple of 8
+                // has none).
+                let mut v = [0f32; 16];
+                _mm512_storeu_ps(v.as_mut_ptr(), s);
+                for r in 0..rows {
+                    for n in 0..4 {
+                        // `bp` is at the group's tail `[4][tail_len]`.
+                        let mut e = v[4 * r + n];
+                        for t in 0..tail_len {
+                            let wt = *bp.add(n * tail_len + t);
+                            e = x_tail.add((m0 + r) * tail_len + t).read().mul_add(wt, e);
+                        }
+                        v[4 * r + n] = e;
+                    }
+                }
+                s = _mm512_loadu_ps(v.as_ptr());
+            }
+            let mask: __mmask8 = (1u8 << live) - 1;
+            if !bias.is_null() {
+                let b = _mm_maskz_loadu_ps(mask, bias.add(col0));
+                s = _mm512_add_ps(s, _mm512_broadcast_f32x4(b));
+            }
+            for r in 0..rows {
+                let v = match r {
+                    0 => _mm512_castps512_ps128(s),
+                    1 => _mm512_extractf32x4_ps::<1>(s),
+                    2 => _mm512_extractf32x4_ps::<2>(s),
+                    _ => _mm512_extractf32x4_ps::<3>(s),
+                };
+                _mm_mask_storeu_ps(out[m0 + r].add(col0), mask, v);
+            }
+            m0 += 4;
+        }
+    }
+}
+
+/// The canonical lane trees of four rows' four elements: row `r`'s accumulators hold
+/// elements (r, 0) | (r, 1) and (r, 2) | (r, 3), 8 lanes each. Returns the 16 sums row-major.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+unsafe fn reduce_rows4(
+    r0: [__m512; 2],
+    r1: [__m512; 2],
+    r2: [__m512; 2],
+    r3: [__m512; 2],
+) -> __m512 {
+    // h: 128-bit chunk j of row r's result is h(r, j) = lanes 0..4 + lanes 4..8.
+    let h = |a: [__m512; 2]| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(a[0], a[1]),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(a[0], a[1]),
+        )
+    };
+    let (h0, h1, h2, h3) = (h(r0), h(r1), h(r2), h(r3));
+    // q: chunk j = [q0(r, j), q1(r, j), q0(r + 1, j), q1(r + 1, j)], q0 = h0 + h2, q1 = h1 + h3.
+    let q = |a: __m512, b: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm512_shuffle_ps::<0b11_10_11_10>(a, b),
+        )
+    };
+    let (q01, q23) = (q(h0, h1), q(h2, h3));
+    // s = q0 + q1: chunk j = [s(0, j), s(1, j), s(2, j), s(3, j)].
+    let s = _mm512_add_ps(
+        _mm512_shuffle_ps::<0b10_00_10_00>(q01, q23),
+        _mm512_shuffle_ps::<0b11_01_11_01>(q01, q23),
+    );
+    // Transpose the 4 × 4: element 4r + j ← 4j + r.
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_ps(idx, s)
+}

@@ -83,13 +83,16 @@ pub(crate) fn packed_range(
     let slot = mr * nr * LANES;
     let dtype = w.dtype();
     let macro_tile = cfg!(target_arch = "x86_64") && isa == Isa::Avx2Fma && nr == 4 && wide(nr);
+    // Rows a multiple of 4 KiB apart map to the same L1 sets: then the tiles are packed
+    // (once per call). Otherwise they are read in place, which costs no copy.
+    let pack_x = macro_tile && (k * 4).is_multiple_of(4096);
     X_TILES.with(|xt| {
         PANEL.with(|panel| {
             LANE_ACC.with(|lanes| {
                 let mut panel = panel.borrow_mut();
                 let mut lanes = lanes.borrow_mut();
                 let mut xt = xt.borrow_mut();
-                if macro_tile {
+                if pack_x {
                     // Every tile of the unit's rows packed once per call (tiles start at
                     // multiples of `mr` from `rows.start`, as the loops below take them).
                     if xt.len() < rows.len() * k {
@@ -171,16 +174,25 @@ pub(crate) fn packed_range(
                                     } else {
                                         (m1, 0, kc)
                                     };
-                                    let x_next = if ni < rows.end {
-                                        let nmi = mr.min(rows.end - ni).min(m1.max(ni + 1) - ni);
-                                        let nat = (ni - rows.start) * k;
-                                        &xt[nat + nk0 * nmi..nat + nk1 * nmi]
-                                    } else {
-                                        &[]
-                                    };
+                                    let mut next = [&[][..]; 8];
+                                    let mut count = 0;
+                                    if ni < rows.end {
+                                        let nmi = mr.min(rows.end - ni);
+                                        if pack_x {
+                                            let nat = (ni - rows.start) * k;
+                                            next[0] = &xt[nat + nk0 * nmi..nat + nk1 * nmi];
+                                            count = 1;
+                                        } else {
+                                            for (a, r) in next.iter_mut().take(nmi).enumerate() {
+                                                *r = &x[(ni + a) * k + nk0..(ni + a) * k + nk1];
+                                            }
+                                            count = nmi;
+                                        }
+                                    }
                                     let block = Block {
-                                        x_next,
-                                        x: &xt[at..at + mi * k],
+                                        x_next: &next[..count],
+                                        x: if pack_x { &xt[at..at + mi * k] } else { x },
+                                        packed: pack_x,
                                         k,
                                         rows: i..i + mi,
                                         k0,
@@ -246,10 +258,12 @@ fn pack_x_tile(x: &[f32], k: usize, rows: Range<usize>, dst: &mut [f32]) {
 /// AVX-512 macro tile (`x86::avx512_packed::packed_groups`).
 #[cfg(target_arch = "x86_64")]
 struct Block<'a, 'o> {
-    /// The tile's packed activations (`pack_x_tile`): `rows.len() · k` values.
+    /// The tile's activations: rows `rows` of `x` (`k` apart), or, when `packed`, the tile
+    /// packed by `pack_x_tile` (`rows.len() · k` values).
     x: &'a [f32],
-    /// What the next tile will read, to prefetch (may be empty).
-    x_next: &'a [f32],
+    packed: bool,
+    /// What the next tile will read, to prefetch (at most 8 ranges, maybe none).
+    x_next: &'a [&'a [f32]],
     k: usize,
     /// Activation rows of the tile (at most 8).
     rows: Range<usize>,
@@ -277,15 +291,33 @@ impl Block<'_, '_> {
         let groups = self.cols.len().div_ceil(4);
         let mr = self.rows.len();
         assert!((1..=8).contains(&mr) && self.k1 <= self.k && self.panel.len() == groups * 4 * len);
-        assert!(self.x.len() == mr * self.k && crate::isa::avx512_exact());
-        assert!(tail == 0 || self.k1 == self.k);
+        assert!(crate::isa::avx512_exact() && (tail == 0 || self.k1 == self.k));
+        if self.packed {
+            assert!(self.x.len() == mr * self.k);
+        } else {
+            assert!(self.rows.end * self.k <= self.x.len());
+        }
         assert!(self.first && self.last || self.slots.len() >= (groups - 1) * self.slot + mr * 32);
         assert!(self.slot >= mr * 32 && self.bias.is_none_or(|b| b.len() == self.cols.len()));
         let bias = self.bias.map_or(std::ptr::null(), |b| b.as_ptr());
         macro_rules! run {
             ($MR:literal) => {{
-                let xp = self.x[self.k0 * $MR..].as_ptr();
-                let xt = self.x[(self.k / 8) * 8 * $MR..].as_ptr();
+                let (xp, x_step, xt): ([*const f32; $MR], usize, [*const f32; $MR]) = if self.packed
+                {
+                    let tail0 = (self.k / 8) * 8 * $MR;
+                    (
+                        std::array::from_fn(|a| self.x[self.k0 * $MR + 8 * a..].as_ptr()),
+                        8 * $MR,
+                        std::array::from_fn(|a| self.x[tail0 + a * tail..].as_ptr()),
+                    )
+                } else {
+                    let row = |a: usize| (self.rows.start + a) * self.k;
+                    (
+                        std::array::from_fn(|a| self.x[row(a) + self.k0..].as_ptr()),
+                        8,
+                        std::array::from_fn(|a| self.x[row(a) + self.k1 - tail..].as_ptr()),
+                    )
+                };
                 // Row segments of the block's columns (bounds checked by `slice`); only
                 // written on the last K block.
                 let op: [*mut f32; $MR] = std::array::from_fn(|a| {
@@ -293,14 +325,16 @@ impl Block<'_, '_> {
                     // SAFETY: rows and columns inside this unit's disjoint ranges.
                     unsafe { self.out.slice(start, self.cols.len()) }.as_mut_ptr()
                 });
-                // SAFETY: AVX-512 F/DQ/VL, AVX2 and FMA checked (`avx512_exact`); the packed
-                // tile holds mr · k values: steps chunks of mr · 8 from k0 · mr, the tail
-                // (only in the last K block) after all chunks; the panel holds every
+                // SAFETY: AVX-512 F/DQ/VL, AVX2 and FMA checked (`avx512_exact`); a row
+                // holds k ≥ k1 values (steps chunks from k0, the tail up to k1), and a packed
+                // tile mr · k values (steps chunks of mr · 8 from k0 · mr, the tail, only in
+                // the last K block, after all chunks); the panel holds every
                 // group (asserted); slots as asserted; the row segments hold the block's
                 // columns, and so does the bias.
                 unsafe {
                     crate::x86::avx512_packed::packed_groups::<$MR>(
                         xp,
+                        x_step,
                         xt,
                         self.x_next,
                         self.panel.as_ptr(),

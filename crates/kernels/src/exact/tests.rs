@@ -167,6 +167,28 @@ proptest! {
         }
     }
 
+    /// K a multiple of 1024, where the AVX-512 packed kernel packs its activation tiles
+    /// (rows 4 KiB apart would alias in L1): still bitwise the reference, with bias, K blocks
+    /// and every tile height.
+    #[test]
+    fn packed_with_packed_activations_equals_panel_bitwise(
+        m in 1usize..20, n in 1usize..24, kk in 1usize..3, d in 0usize..6, mr in 1usize..10,
+        mc in 1usize..24, nc in 4usize..20, kcb in 0usize..3, units in 1usize..3,
+    ) {
+        let dtype = DTYPES[d];
+        let k = 1024 * kk;
+        let w = weight(dtype, n, k, (n * 5 + k) as u64, 1 + d % 2);
+        let x = acts(m, k, (m * 7 + d) as u64);
+        let bias = acts(1, n, 9);
+        let pool = ThreadPool::new(units);
+        let want = reference(&pool, &x, m, &w, Some(&bias));
+        let kc = [0, 256, 512][kcb];
+        for par in [(1, units), (units.min(m), 1)] {
+            let p = plan(F32Kernel::Packed, mr, 4, mc, nc, kc, par);
+            prop_assert_eq!(run(&p, &pool, &x, m, &w, Some(&bias)), want.clone(), "{} {}x4 mc={} nc={} kc={} {:?}", dtype, mr, mc, nc, kc, par);
+        }
+    }
+
     /// A row's result is the same at M = 1 (stream kernel) and inside a batch (packed).
     #[test]
     fn stream_and_packed_rows_agree(m in 2usize..40, n in 1usize..25, kb in 1usize..5, d in 0usize..6, pick in 0usize..1000) {
@@ -449,8 +471,9 @@ fn time_macro_tile() {
                 // slots of groups·192, rows of groups·4.
                 unsafe {
                     crate::x86::avx512_packed::packed_groups::<6>(
-                        x.as_ptr(),
-                        x.as_ptr(),
+                        std::array::from_fn(|a| x[8 * a..].as_ptr()),
+                        48,
+                        [x.as_ptr(); 6],
                         &[],
                         panel.as_ptr(),
                         groups,

@@ -134,23 +134,26 @@ pub unsafe fn packed_tile<const MR: usize, const NR: usize>(
 /// Lane slots: group `g`'s are `slots + g · slot_stride` (`MR · 4 · 8` floats used), read
 /// unless `first`, written unless `last`.
 ///
-/// The activation tile is packed (`pack_x_tile`): `x` holds its `steps` chunks as
-/// `[step][MR][8]`, `x_tail` its `[MR][tail_len]` tail, so the tile is one contiguous stream
-/// whatever K is (rows `K` floats apart would map to the same L1 sets when K is a multiple
-/// of 1024).
+/// Activations: chunk `c` of the block for tile row `m` is at `x[m] + c · x_step`, and its
+/// `K % 8` tail at `x_tail[m]`: rows in place (`x_step` 8) or a packed tile
+/// (`[step][MR][8]`, `x_step` `8 · MR`), which is one contiguous stream whatever K is (rows
+/// a multiple of 4 KiB apart would all map to the same L1 sets). `x_next` are the ranges the
+/// next tile will read: fetched into L2 a share per group, so it does not start on L3
+/// latency.
 ///
 /// # Safety
-/// AVX2+FMA+AVX-512F/DQ/VL; `x` valid for `MR · 8 · steps` reads, `x_tail` for
-/// `MR · tail_len`; `panel` for
+/// AVX2+FMA+AVX-512F/DQ/VL; `x[m]` valid for reads of `steps` chunks as above, `x_tail[m]`
+/// for `tail_len`; `panel` for
 /// `groups · 4 · (8 · steps + tail_len)`; the slots as above; when `last`, `out[m]` valid for
 /// `cols` writes (`cols ≤ 4 · groups`, `cols > 4 · (groups − 1)`) and `bias` null or valid
 /// for `cols` reads.
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 pub unsafe fn packed_groups<const MR: usize>(
-    x: *const f32,
-    x_tail: *const f32,
-    x_next: &[f32],
+    x: [*const f32; MR],
+    x_step: usize,
+    x_tail: [*const f32; MR],
+    x_next: &[&[f32]],
     panel: *const f32,
     groups: usize,
     steps: usize,
@@ -165,12 +168,19 @@ pub unsafe fn packed_groups<const MR: usize>(
 ) {
     debug_assert!(MR >= 1 && MR <= 8 && cols <= 4 * groups && cols + 4 > 4 * groups);
     let group_len = 4 * (8 * steps + tail_len);
-    // The next tile's activations (64-byte lines), fetched into L2 a share per group, so
-    // that tile does not start on L3 latency.
-    let next_lines = x_next.len().div_ceil(16);
+    // The next tile's activations, in 64-byte lines (prefetches never fault): a cursor
+    // (range, offset) advanced by a share of the lines per group.
+    let next_lines: usize = x_next.iter().map(|r| r.len().div_ceil(16)).sum();
+    let (mut ri, mut off) = (0, 0);
     for g in 0..groups {
-        for l in next_lines * g / groups..next_lines * (g + 1) / groups {
-            _mm_prefetch::<_MM_HINT_T1>(x_next.as_ptr().wrapping_add(16 * l).cast());
+        for _ in next_lines * g / groups..next_lines * (g + 1) / groups {
+            while ri < x_next.len() && off >= x_next[ri].len() {
+                (ri, off) = (ri + 1, 0);
+            }
+            if ri < x_next.len() {
+                _mm_prefetch::<_MM_HINT_T1>(x_next[ri].as_ptr().wrapping_add(off).cast());
+                off += 16;
+            }
         }
         let slot = slots.wrapping_add(g * slot_stride);
         let mut a = [[_mm512_setzero_ps(); 2]; MR];
@@ -190,12 +200,14 @@ pub unsafe fn packed_groups<const MR: usize>(
             let w0 = _mm512_loadu_ps(bp);
             let w1 = _mm512_loadu_ps(bp.add(16));
             for m in 0..MR {
-                let xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp.add(8 * m)));
+                let xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp[m]));
                 a[m][0] = _mm512_fmadd_ps(xv, w0, a[m][0]);
                 a[m][1] = _mm512_fmadd_ps(xv, w1, a[m][1]);
             }
             bp = bp.add(32);
-            xp = xp.add(8 * MR);
+            for q in xp.iter_mut() {
+                *q = q.add(x_step);
+            }
         }
         if !last {
             for m in 0..MR {
@@ -230,7 +242,7 @@ pub unsafe fn packed_groups<const MR: usize>(
                         let mut e = v[4 * r + n];
                         for t in 0..tail_len {
                             let wt = *bp.add(n * tail_len + t);
-                            e = x_tail.add((m0 + r) * tail_len + t).read().mul_add(wt, e);
+                            e = x_tail[m0 + r].add(t).read().mul_add(wt, e);
                         }
                         v[4 * r + n] = e;
                     }

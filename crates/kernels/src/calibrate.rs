@@ -255,9 +255,13 @@ pub fn tile_gflops_on(
     mr: usize,
     nr: usize,
 ) -> f64 {
-    // The packed kernel runs at large M: enough rows to amortize its panel as it would.
-    let m = if kernel == F32Kernel::Packed { 192 } else { 48 };
-    let (k, n) = (512, 64);
+    // The packed kernel runs at large M: enough rows to amortize its panel as it would, and
+    // enough weight rows that a tile runs over many groups of its panel.
+    let (m, k, n) = if kernel == F32Kernel::Packed {
+        (96, 512, 256)
+    } else {
+        (48, 512, 64)
+    };
     let pool = ThreadPool::new(1);
     let precision = match family {
         KernelFamily::F32Dot => Precision::Exact,
@@ -274,7 +278,7 @@ pub fn tile_gflops_on(
     plan.tile.mr = mr;
     plan.tile.nr = nr;
     plan.tile.mc = m;
-    plan.tile.nc = n;
+    plan.tile.nc = if kernel == F32Kernel::Packed { 128 } else { n };
     plan.tile.kc = k;
     plan.parallel = ParallelPlan {
         split: ParallelSplit::N,
@@ -334,8 +338,12 @@ pub fn last_level_cache_bytes() -> usize {
 
 /// The size of the L2 or L3 cache sysfs reports, else `default`.
 pub(crate) fn cache_bytes(level: &str, default: usize) -> usize {
-    // sysfs: index2 is L2, index3 is L3 on x86 Linux.
-    let idx = if level == "L2" { 2 } else { 3 };
+    // sysfs: index0 is L1 data, index2 is L2, index3 is L3 on x86 Linux.
+    let idx = match level {
+        "L1" => 0,
+        "L2" => 2,
+        _ => 3,
+    };
     std::fs::read_to_string(format!(
         "/sys/devices/system/cpu/cpu0/cache/index{idx}/size"
     ))
@@ -371,6 +379,7 @@ pub fn measure_profile(pool: &ThreadPool, progress: &mut dyn FnMut(&str)) -> Mac
     let (deq, q) = convert_rates();
     p.dequant_elems_per_ns = deq;
     p.quant_elems_per_ns = q;
+    p.l1_bytes = cache_bytes("L1", p.l1_bytes);
     p.l2_bytes = cache_bytes("L2", p.l2_bytes);
     p.l3_bytes = cache_bytes("L3", p.l3_bytes);
     p

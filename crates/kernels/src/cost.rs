@@ -31,11 +31,18 @@ pub struct MachineProfile {
     pub quant_elems_per_ns: f64,
     /// Cost of one parallel operation on the pool (dispatch + join), microseconds.
     pub dispatch_us: f64,
+    /// L1 data cache of one core (profiles written before it was recorded: 32 KiB).
+    #[serde(default = "default_l1_bytes")]
+    pub l1_bytes: usize,
     pub l2_bytes: usize,
     pub l3_bytes: usize,
     /// Measured throughput of each register tile on cache-resident data, one unit.
     #[serde(default)]
     pub tiles: Vec<TileRate>,
+}
+
+fn default_l1_bytes() -> usize {
+    32 << 10
 }
 
 /// One register tile's measured throughput.
@@ -164,14 +171,16 @@ impl MachineProfile {
 impl MachineProfile {
     /// The built-in profile for the kernels this process runs, used when no measured profile
     /// is cached (`tessera tune` measures the machine it runs on): where the exact path's
-    /// AVX-512 kernels run, [`Self::avx512_default`]; else [`Self::avx2_default`]. Cache
+    /// AVX-512 kernels run, [`Self::zen4_default`] on AMD (AVX-512 at half the width per
+    /// cycle) and [`Self::avx512_default`] elsewhere; else [`Self::avx2_default`]. Cache
     /// sizes come from the system where it tells them.
     pub fn default_for(cpu: &str) -> Self {
-        let mut p = if crate::isa::avx512_exact() {
-            Self::avx512_default(cpu)
-        } else {
-            Self::avx2_default(cpu)
+        let mut p = match (crate::isa::avx512_exact(), crate::isa::cpu_is_amd()) {
+            (true, true) => Self::zen4_default(cpu),
+            (true, false) => Self::avx512_default(cpu),
+            (false, _) => Self::avx2_default(cpu),
         };
+        p.l1_bytes = crate::calibrate::cache_bytes("L1", p.l1_bytes);
         p.l2_bytes = crate::calibrate::cache_bytes("L2", p.l2_bytes);
         p.l3_bytes = crate::calibrate::cache_bytes("L3", p.l3_bytes);
         p
@@ -217,7 +226,57 @@ impl MachineProfile {
             dequant_elems_per_ns: 10.5,
             quant_elems_per_ns: 2.4,
             dispatch_us: 0.7,
+            l1_bytes: 48 << 10,
             l2_bytes: 2 << 20,
+            l3_bytes: 32 << 20,
+            tiles: rates(&tiles),
+        }
+    }
+
+    /// Measured on 2 vCPUs of an AMD EPYC Zen 4 (AVX-512 on 256-bit units: the same FMA
+    /// peak per cycle as AVX2, 32 KiB L1d, 1 MiB L2 per core, 32 MiB L3), by
+    /// `calibrate::measure_profile` (`print_profile`, `print_tile_rates`), the mean of two
+    /// quiet runs, rounded.
+    pub fn zen4_default(cpu: &str) -> Self {
+        let tiles = [
+            ("f32dot", 1, 4, 36.0),
+            ("f32dot", 2, 4, 51.0),
+            ("f32dot", 3, 4, 62.0),
+            ("f32dot", 4, 3, 37.0),
+            ("f32dot", 2, 2, 34.0),
+            ("f32dot", 1, 8, 42.0),
+            ("f32dot", 4, 2, 55.0),
+            ("f32dot", 1, 1, 14.0),
+            ("f32stream16", 1, 16, 24.0),
+            ("f32stream16", 2, 16, 35.5),
+            ("f32stream16@q8_0", 1, 16, 23.4),
+            ("f32stream16@q8_0", 2, 16, 25.0),
+            ("f32stream@f32", 1, 8, 33.0),
+            ("f32stream@f32", 1, 4, 30.0),
+            ("f32stream@f32", 2, 2, 39.0),
+            ("f32stream@f32", 3, 2, 49.5),
+            ("f32stream@f32", 4, 1, 37.5),
+            ("f32packed16", 8, 4, 95.0),
+            ("f32packed16", 6, 4, 100.0),
+            ("f32packed16", 4, 4, 93.0),
+            ("f32packed16", 8, 2, 58.0),
+            ("q8x8", 1, 8, 73.0),
+            ("q8x8", 2, 8, 77.0),
+            ("q8x8", 3, 8, 86.0),
+            ("q8x8", 4, 8, 103.0),
+        ];
+        MachineProfile {
+            cpu: cpu.to_string(),
+            f32_gflops_per_core: 62.0,
+            q8_gflops_per_core: 90.0,
+            dram_gbs: 31.7,
+            l2_gbs_per_core: 100.0,
+            l3_gbs: 120.0,
+            dequant_elems_per_ns: 7.5,
+            quant_elems_per_ns: 1.96,
+            dispatch_us: 0.44,
+            l1_bytes: 32 << 10,
+            l2_bytes: 1 << 20,
             l3_bytes: 32 << 20,
             tiles: rates(&tiles),
         }
@@ -236,6 +295,7 @@ impl MachineProfile {
             dequant_elems_per_ns: 6.0,
             quant_elems_per_ns: 1.8,
             dispatch_us: 0.6,
+            l1_bytes: 32 << 10,
             l2_bytes: 512 << 10,
             l3_bytes: 32 << 20,
             // Measured on a Zen3 EPYC vCPU (`tessera tune` replaces them with this machine's).
@@ -399,10 +459,13 @@ fn predict_stream_us(
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
 }
 
-/// The packed kernel: every weight element dequantized once into a panel; tiles at the
-/// kernel's measured rate; activations re-read per `nc` block and the panel per activation
-/// tile (each from L2 when it fits, else L3); lane accumulators stored and reloaded between
-/// K blocks; a penalty when an `nr × kc` sub-panel overflows L1.
+/// The packed kernel (`exact::packed_range`): every weight element dequantized once into a
+/// panel (every K block of an `nc` block); tiles at the kernel's measured rate, slowed when
+/// the activation tile (`mr × kc`) crowds L1 while the panel streams past it; per tile, the
+/// `nc × kc` sub-panel is re-read from L2 when it fits (else L3), and the whole `nc × K`
+/// panel comes from L3 once per `mc` block when it does not fit L2; activations re-read once
+/// per `nc` block (prefetched, so mostly hidden); lane slots stored and reloaded between K
+/// blocks.
 fn predict_packed_us(
     p: &MachineProfile,
     plan: &Plan,
@@ -428,42 +491,63 @@ fn predict_packed_us(
         0.0
     };
     let mut compute_ns = full + part;
-    if nr as f64 * kc * 4.0 > 16384.0 {
-        compute_ns *= 1.15; // the sub-panel streams from L2
+    // The activation tile stays in L1 while the panel streams past it: past about half of
+    // L1 its lines start to be evicted.
+    if mr as f64 * kc * 4.0 > p.l1_bytes as f64 * 0.45 {
+        compute_ns *= 1.12;
     }
     let bpw = bytes_per_weight(dtype);
     let mut mem_ns = nn * kf * bpw / first_read_bw(p, nn * kf * bpw, units);
-    // Activation tiles stay in L1 across an `nc` block's groups, so the unit's activation
-    // rows are re-read once per `nc` block (from L2 when a K block of them fits, else L3);
-    // the panel streams past every activation tile (from L2 when it fits, else L3).
-    let nc = t.nc.max(nr) as f64;
+    let nc = (t.nc.max(nr) as f64).min(nn);
+    let mc = (t.mc.max(mr) as f64).min(rows as f64);
+    let half_l2 = p.l2_bytes as f64 * 0.5;
+    let l3_bw = p.l3_gbs / units;
+    // Activations: each `nc` block's tiles read the unit's rows once (from L2 when they fit).
     let a_bytes = (nn / nc).ceil() * rows as f64 * kf * 4.0;
-    let a_bw = if rows as f64 * kc * 4.0 <= p.l2_bytes as f64 * 0.5 {
+    let a_bw = if rows as f64 * kf * 4.0 <= half_l2 {
         p.l2_gbs_per_core
     } else {
-        p.l3_gbs / units
+        l3_bw
     };
-    let panel = nc * kc * 4.0;
-    let b_bytes = (rows as f64 / mr as f64).ceil() * nn * kf * 4.0;
-    let b_bw = if panel <= p.l2_bytes as f64 * 0.5 {
+    // The panel: every tile streams its K block's sub-panel (with the lane slots of the `mc`
+    // block beside it), from L2 when both fit; the whole `nc × K` panel comes from L3 once
+    // per `mc` block when it does not fit.
+    let tiles_m = (rows as f64 / mr as f64).ceil();
+    let blocks_k = (kf / kc).ceil();
+    let slot_bytes = if blocks_k > 1.0 { mc * nc * 32.0 } else { 0.0 };
+    let sub_panel = nc * kc * 4.0;
+    let b_bytes = tiles_m * nn * kf * 4.0;
+    let b_bw = if sub_panel + slot_bytes <= half_l2 {
         p.l2_gbs_per_core * 2.0 // one sequential stream, prefetched
     } else {
-        p.l3_gbs / units
+        l3_bw
     };
-    mem_ns = mem_ns.max(a_bytes / a_bw + b_bytes / b_bw);
-    let blocks_k = (kf / kc).ceil();
-    let tiles = (rows as f64 / mr as f64).ceil() * (nn / nr as f64);
-    let mut extra_ns = nn * kf / p.dequant_elems_per_ns;
-    if blocks_k > 1.0 {
-        // Lane slots: stored and reloaded once per K block (from L2/L3).
-        let lane_bytes = tiles * (mr * nr) as f64 * 32.0 * 2.0 * (blocks_k - 1.0);
-        extra_ns += lane_bytes / (p.l3_gbs / units);
+    let mut b_ns = b_bytes / b_bw;
+    if nc * kf * 4.0 > half_l2 {
+        b_ns += (rows as f64 / mc).ceil() * nn * kf * 4.0 / l3_bw;
     }
-    // Per tile and K block: setup and lane traffic (~4 ns); per element: lane tree (~1 ns).
-    extra_ns += tiles * blocks_k * 4.0 + tiles * (mr * nr) as f64;
-    // Cache traffic overlaps the FMAs only in part; the activation re-reads (one per `nc`
-    // block) least: a sweep on an Intel Xeon lost about half their L2 time to them.
-    extra_ns += 0.3 * compute_ns.min(mem_ns) + 0.5 * a_bytes / a_bw;
+    mem_ns = mem_ns.max(a_bytes / a_bw + b_ns);
+    let tiles = tiles_m * (nn / nr as f64);
+    let mut extra_ns = nn * kf / p.dequant_elems_per_ns;
+    if (k * 4).is_multiple_of(4096) {
+        // The activation tiles are packed once per call (rows would alias in L1).
+        extra_ns += rows as f64 * kf / (p.dequant_elems_per_ns * 0.5);
+    }
+    if blocks_k > 1.0 {
+        // Lane slots: stored and reloaded once per K block (from L2 when they fit).
+        let lane_bytes = tiles * (mr * nr) as f64 * 32.0 * 2.0 * (blocks_k - 1.0);
+        let bw = if slot_bytes <= half_l2 {
+            p.l2_gbs_per_core
+        } else {
+            l3_bw
+        };
+        extra_ns += lane_bytes / bw;
+    }
+    // Per tile and K block: setup (~4 ns); per element: lane tree and store (~0.5 ns).
+    extra_ns += tiles * blocks_k * 4.0 + tiles * (mr * nr) as f64 * 0.5;
+    // Cache traffic overlaps the FMAs only in part; the activation re-reads, prefetched a
+    // tile ahead, mostly.
+    extra_ns += 0.3 * compute_ns.min(mem_ns) + 0.2 * a_bytes / a_bw;
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
 }
 

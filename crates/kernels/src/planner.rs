@@ -284,6 +284,11 @@ impl Planner {
                         if mc < mr {
                             continue;
                         }
+                        // With K in one block the packed kernel's `mc` only groups tiles
+                        // (nothing lives across them): one candidate, not one per `mc`.
+                        if kernel == F32Kernel::Packed && kc >= k && mc != m.max(1) {
+                            continue;
+                        }
                         for &nc in &ncs {
                             // (A tile wider than N, the stream kernel's 16 rows, is fine.)
                             if nc < nr.min(n8) {

@@ -168,6 +168,9 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
     let pool = ThreadPool::new(cfg.threads);
     let units = pool.units();
     let planner = tessera_engine::tuning::load_planner();
+    // The machine's figures first: loading OpenBLAS starts its threads, which compete with
+    // the FMA peak measurement for a while (it measured half the peak after the load).
+    let mach = measure_machine(&pool);
     let blas = OpenBlas::load(units);
     info(&format!(
         "tessera bench gemm: {} units, precision {}, isa {}, cpu {}",
@@ -193,7 +196,6 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
     if let Some(w) = crate::stats::load_warning() {
         eprintln!("{w}");
     }
-    let mach = measure_machine(&pool);
     info(&format!(
         "peak FMA {:.1} GFLOP/s, DRAM read {:.1} GB/s, dispatch {:.2} us/op",
         mach.peak_gflops, mach.dram_gbs, mach.dispatch_us

@@ -517,7 +517,9 @@ fn predict_packed_us(
     let slot_bytes = if blocks_k > 1.0 { mc * nc * 32.0 } else { 0.0 };
     let sub_panel = nc * kc * 4.0;
     let b_bytes = tiles_m * nn * kf * 4.0;
-    let b_bw = if sub_panel + slot_bytes <= half_l2 {
+    // (L2 also holds the activation rows, the panel being packed and what the prefetchers
+    // bring: a third of it, not half.)
+    let b_bw = if sub_panel + slot_bytes <= p.l2_bytes as f64 * 0.35 {
         p.l2_gbs_per_core * 2.0 // one sequential stream, prefetched
     } else {
         l3_bw

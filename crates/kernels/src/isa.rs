@@ -120,7 +120,9 @@ fn selection() -> (Isa, bool) {
 pub fn cpu_is_amd() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU.
+        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU (`__cpuid` is a safe function on
+        // newer toolchains, an unsafe one on older ones).
+        #[allow(unused_unsafe)]
         let r = unsafe { std::arch::x86_64::__cpuid(0) };
         let mut v = [0u8; 12];
         v[..4].copy_from_slice(&r.ebx.to_le_bytes());

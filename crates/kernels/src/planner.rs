@@ -416,6 +416,39 @@ mod tests {
         }
     }
 
+    /// The packed kernel's loop order in the model: with K in several blocks a larger `mc`
+    /// reads the `nc × K` panel from L3 fewer times (so it is predicted faster), and with K
+    /// in one block `mc` changes nothing (one candidate per tile and `nc`).
+    #[test]
+    fn packed_predictions_follow_the_loop_order() {
+        let p = Planner::new(MachineProfile::zen4_default("test"), TuningCache::default());
+        let key = ShapeKey::new(512, 4096, 4096, DType::F32, Precision::Exact, 2);
+        let packed = |mc: usize, kc: usize| {
+            p.candidates(&key)
+                .into_iter()
+                .find(|c| {
+                    let t = &c.tile;
+                    t.kernel == F32Kernel::Packed
+                        && (t.mr, t.nr, t.mc, t.nc, t.kc) == (6, 4, mc, 64, kc)
+                        && c.parallel.parts() == (1, 2)
+                })
+                .expect("candidate")
+                .predicted_us
+        };
+        assert!(packed(64, 512) < packed(8, 512));
+        let one = ShapeKey::new(512, 576, 1536, DType::F32, Precision::Exact, 2);
+        let mcs: Vec<usize> = p
+            .candidates(&one)
+            .iter()
+            .filter(|c| c.tile.kernel == F32Kernel::Packed && c.tile.kc >= 576)
+            .map(|c| c.tile.mc)
+            .collect();
+        assert!(
+            !mcs.is_empty() && mcs.iter().all(|&mc| mc == 512),
+            "{mcs:?}"
+        );
+    }
+
     #[test]
     fn tuned_entries_override_the_model() {
         let mut cache = TuningCache::default();

@@ -423,13 +423,15 @@ mod tests {
     fn packed_predictions_follow_the_loop_order() {
         let p = Planner::new(MachineProfile::zen4_default("test"), TuningCache::default());
         let key = ShapeKey::new(512, 4096, 4096, DType::F32, Precision::Exact, 2);
+        // The first packed tile of this process's ISA (6 × 4 where AVX-512 runs).
+        let (mr, nr) = crate::exact::packed_tiles()[0];
         let packed = |mc: usize, kc: usize| {
             p.candidates(&key)
                 .into_iter()
                 .find(|c| {
                     let t = &c.tile;
                     t.kernel == F32Kernel::Packed
-                        && (t.mr, t.nr, t.mc, t.nc, t.kc) == (6, 4, mc, 64, kc)
+                        && (t.mr, t.nr, t.mc, t.nc, t.kc) == (mr, nr, mc, 64, kc)
                         && c.parallel.parts() == (1, 2)
                 })
                 .expect("candidate")

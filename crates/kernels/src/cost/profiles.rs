@@ -1,0 +1,188 @@
+//! The built-in machine profiles: what the cost model assumes about a CPU before
+//! `tessera tune` has measured it, one table per machine class it was measured on.
+
+use super::{MachineProfile, TileRate};
+
+impl MachineProfile {
+    /// The built-in profile for the kernels this process runs, used when no measured profile
+    /// is cached (`tessera tune` measures the machine it runs on): where the exact path's
+    /// AVX-512 kernels run, [`Self::zen4_default`] on AMD (AVX-512 at half the width per
+    /// cycle) and [`Self::avx512_default`] elsewhere; else [`Self::avx2_default`]. Cache
+    /// sizes come from the system where it tells them.
+    pub fn default_for(cpu: &str) -> Self {
+        let mut p = match (crate::isa::avx512_exact(), crate::isa::cpu_is_amd()) {
+            (true, true) => Self::zen4_default(cpu),
+            (true, false) => Self::avx512_default(cpu),
+            (false, _) => Self::avx2_default(cpu),
+        };
+        p.l1_bytes = crate::calibrate::cache_bytes("L1", p.l1_bytes);
+        p.l2_bytes = crate::calibrate::cache_bytes("L2", p.l2_bytes);
+        p.l3_bytes = crate::calibrate::cache_bytes("L3", p.l3_bytes);
+        p
+    }
+
+    /// Measured on 2 vCPUs of an Intel Xeon with AVX-512 (F/BW/DQ/VL/VNNI, 2 MiB L2 per
+    /// core), by `calibrate::measure_profile` (the `print_profile` test), rounded.
+    pub fn avx512_default(cpu: &str) -> Self {
+        let tiles = [
+            ("f32dot", 1, 4, 43.0),
+            ("f32dot", 2, 4, 60.7),
+            ("f32dot", 3, 4, 69.4),
+            ("f32dot", 4, 3, 50.6),
+            ("f32dot", 2, 2, 46.8),
+            ("f32dot", 1, 8, 51.2),
+            ("f32dot", 4, 2, 58.8),
+            ("f32dot", 1, 1, 21.2),
+            ("f32stream16", 1, 16, 42.1),
+            ("f32stream16", 2, 16, 48.6),
+            ("f32stream16@q8_0", 1, 16, 43.9),
+            ("f32stream16@q8_0", 2, 16, 40.2),
+            ("f32stream@f32", 1, 8, 38.1),
+            ("f32stream@f32", 1, 4, 37.1),
+            ("f32stream@f32", 2, 2, 51.3),
+            ("f32stream@f32", 3, 2, 61.3),
+            ("f32stream@f32", 4, 1, 46.5),
+            ("f32packed16", 8, 4, 104.5),
+            ("f32packed16", 6, 4, 107.8),
+            ("f32packed16", 4, 4, 100.2),
+            ("f32packed16", 8, 2, 86.8),
+            ("q8x8", 1, 8, 89.7),
+            ("q8x8", 2, 8, 101.6),
+            ("q8x8", 3, 8, 94.6),
+            ("q8x8", 4, 8, 101.6),
+        ];
+        MachineProfile {
+            cpu: cpu.to_string(),
+            f32_gflops_per_core: 70.0,
+            q8_gflops_per_core: 102.0,
+            dram_gbs: 20.0,
+            l2_gbs_per_core: 100.0,
+            l3_gbs: 120.0,
+            dequant_elems_per_ns: 10.5,
+            quant_elems_per_ns: 2.4,
+            dispatch_us: 0.7,
+            l1_bytes: 48 << 10,
+            l2_bytes: 2 << 20,
+            l3_bytes: 32 << 20,
+            tiles: rates(&tiles),
+        }
+    }
+
+    /// Measured on 2 vCPUs of an AMD EPYC Zen 4 (AVX-512 on 256-bit units: the same FMA
+    /// peak per cycle as AVX2, 32 KiB L1d, 1 MiB L2 per core, 32 MiB L3), by
+    /// `calibrate::measure_profile` (`print_profile`, `print_tile_rates`), the mean of two
+    /// quiet runs, rounded (the AVX2 f32 stream tiles ordered as the sweeps found them).
+    pub fn zen4_default(cpu: &str) -> Self {
+        let tiles = [
+            ("f32dot", 1, 4, 36.0),
+            ("f32dot", 2, 4, 51.0),
+            ("f32dot", 3, 4, 62.0),
+            ("f32dot", 4, 3, 37.0),
+            ("f32dot", 2, 2, 34.0),
+            ("f32dot", 1, 8, 42.0),
+            ("f32dot", 4, 2, 55.0),
+            ("f32dot", 1, 1, 14.0),
+            ("f32stream16", 1, 16, 24.0),
+            ("f32stream16", 2, 16, 35.5),
+            ("f32stream16@q8_0", 1, 16, 23.4),
+            ("f32stream16@q8_0", 2, 16, 25.0),
+            // (1x8 and 1x4 swapped places between the two runs; in three sweeps the 1x4
+            // tile won M = 1 more often: rated so.)
+            ("f32stream@f32", 1, 8, 31.0),
+            ("f32stream@f32", 1, 4, 34.0),
+            ("f32stream@f32", 2, 2, 39.0),
+            ("f32stream@f32", 3, 2, 49.5),
+            ("f32stream@f32", 4, 1, 37.5),
+            ("f32packed16", 8, 4, 95.0),
+            ("f32packed16", 6, 4, 100.0),
+            ("f32packed16", 4, 4, 93.0),
+            ("f32packed16", 8, 2, 58.0),
+            ("q8x8", 1, 8, 73.0),
+            ("q8x8", 2, 8, 77.0),
+            ("q8x8", 3, 8, 86.0),
+            ("q8x8", 4, 8, 103.0),
+        ];
+        MachineProfile {
+            cpu: cpu.to_string(),
+            f32_gflops_per_core: 62.0,
+            q8_gflops_per_core: 90.0,
+            dram_gbs: 31.7,
+            l2_gbs_per_core: 100.0,
+            l3_gbs: 120.0,
+            dequant_elems_per_ns: 7.5,
+            quant_elems_per_ns: 1.96,
+            dispatch_us: 0.44,
+            l1_bytes: 32 << 10,
+            l2_bytes: 1 << 20,
+            l3_bytes: 32 << 20,
+            tiles: rates(&tiles),
+        }
+    }
+
+    /// Measured on the 2-vCPU Zen3 EPYC this project was first developed on (AVX2+FMA,
+    /// 512 KiB L2).
+    pub fn avx2_default(cpu: &str) -> Self {
+        MachineProfile {
+            cpu: cpu.to_string(),
+            f32_gflops_per_core: 40.0,
+            q8_gflops_per_core: 63.0,
+            dram_gbs: 12.5,
+            l2_gbs_per_core: 100.0,
+            l3_gbs: 120.0,
+            dequant_elems_per_ns: 6.0,
+            quant_elems_per_ns: 1.8,
+            dispatch_us: 0.6,
+            l1_bytes: 32 << 10,
+            l2_bytes: 512 << 10,
+            l3_bytes: 32 << 20,
+            // Measured on a Zen3 EPYC vCPU (`tessera tune` replaces them with this machine's).
+            tiles: rates(&[
+                ("f32dot", 1, 4, 27.6),
+                ("f32dot", 2, 4, 35.6),
+                ("f32dot", 3, 4, 38.2),
+                ("f32dot", 4, 3, 26.1),
+                ("f32dot", 2, 2, 26.8),
+                ("f32dot", 1, 8, 26.7),
+                ("f32dot", 4, 2, 34.7),
+                ("f32dot", 1, 1, 8.7),
+                // Not measured on the Zen3: this machine's panel 3x4 figure times the
+                // stream/packed to panel ratios measured on an Intel Xeon vCPU (stream on
+                // Q4_1 weights); `tessera tune` measures them.
+                ("f32stream", 1, 8, 12.7),
+                ("f32stream", 1, 4, 14.0),
+                ("f32stream", 2, 2, 21.0),
+                ("f32stream", 3, 2, 24.1),
+                ("f32stream", 4, 1, 22.4),
+                // The AVX-512 stream kernel on the repack and packed tiles (no Zen3 figure:
+                // it has no AVX-512): rates on the Intel Xeon vCPU scaled like the ones above.
+                ("f32stream16", 1, 16, 21.0),
+                ("f32stream16", 2, 16, 32.0),
+                ("f32packed16", 8, 4, 52.0),
+                ("f32packed16", 6, 4, 50.0),
+                ("f32packed16", 4, 4, 45.0),
+                ("f32packed16", 8, 2, 40.0),
+                ("f32packed", 3, 4, 41.0),
+                ("f32packed", 2, 4, 35.7),
+                ("f32packed", 4, 3, 32.2),
+                ("f32packed", 4, 2, 34.4),
+                ("q8x8", 1, 8, 55.3),
+                ("q8x8", 2, 8, 59.2),
+                ("q8x8", 3, 8, 63.8),
+                ("q8x8", 4, 8, 58.8),
+            ]),
+        }
+    }
+}
+
+/// A profile's tile rates from `(name, mr, nr, GFLOP/s)` rows.
+fn rates(table: &[(&str, usize, usize, f64)]) -> Vec<TileRate> {
+    table
+        .iter()
+        .map(|&(f, mr, nr, g)| TileRate {
+            family: f.into(),
+            mr,
+            nr,
+            gflops: g,
+        })
+        .collect()
+}

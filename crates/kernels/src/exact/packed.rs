@@ -469,7 +469,7 @@ fn tile(
     assert!(panel.len() == nr * len && acc.len() >= mr * nr * LANES && mr <= 8 && nr <= 4);
     assert!(k1 <= k && (i0 + mr) * k <= x.len() && (mr <= 4 || wide(nr)));
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2Fma && wide(nr) {
+    if isa == Isa::Avx2Fma && nr == 2 && wide(nr) {
         use crate::x86::avx512_packed as ax;
         macro_rules! run {
             ($MR:literal, $NR:literal) => {{
@@ -503,14 +503,7 @@ fn tile(
             (6, 2) => run!(6, 2),
             (7, 2) => run!(7, 2),
             (8, 2) => run!(8, 2),
-            (1, 4) => run!(1, 4),
-            (2, 4) => run!(2, 4),
-            (3, 4) => run!(3, 4),
-            (4, 4) => run!(4, 4),
-            (5, 4) => run!(5, 4),
-            (6, 4) => run!(6, 4),
-            (7, 4) => run!(7, 4),
-            (8, 4) => run!(8, 4),
+            // 4-wide AVX-512 tiles run as macro tiles (`Block::run_avx512`).
             _ => unreachable!("packed tile {mr}x{nr}"),
         }
     }

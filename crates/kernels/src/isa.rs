@@ -48,7 +48,7 @@ impl IsaRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuFeatures {
     pub avx2_fma: bool,
-    /// AVX-512 F, BW, DQ and VL, and GFNI (Ice Lake, Sapphire Rapids, Zen 4 and later).
+    /// AVX-512 F, BW, DQ and VL (Skylake-SP, Ice Lake, Sapphire Rapids, Zen 4 and later).
     pub avx512: bool,
 }
 
@@ -62,8 +62,7 @@ impl CpuFeatures {
                 && has!("avx512f")
                 && has!("avx512bw")
                 && has!("avx512dq")
-                && has!("avx512vl")
-                && has!("gfni");
+                && has!("avx512vl");
             CpuFeatures { avx2_fma, avx512 }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -135,7 +134,7 @@ pub fn cpu_is_amd() -> bool {
 }
 
 /// Whether the exact family's AVX-512 kernels run in this process (the CPU has
-/// AVX-512 F/BW/DQ/VL and GFNI, and `TESSERA_ISA` asks for neither `avx2` nor `generic`).
+/// AVX-512 F/BW/DQ/VL, and `TESSERA_ISA` asks for neither `avx2` nor `generic`).
 /// Implies `Isa::active() == Isa::Avx2Fma`.
 pub fn avx512_exact() -> bool {
     selection().1

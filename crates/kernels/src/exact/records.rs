@@ -91,7 +91,7 @@ fn tile16(
     macro_rules! run {
         ($DT:expr, $MR:literal) => {{
             let xp: [*const f32; $MR] = std::array::from_fn(|a| x[(i0 + a) * k..].as_ptr());
-            // SAFETY: AVX-512 F/BW/VL, GFNI, AVX2, FMA and F16C checked (asserted above);
+            // SAFETY: AVX-512 F/BW/DQ/VL, AVX2, FMA and F16C checked (asserted above);
             // each activation row holds k = 32 · blocks values and each group `blocks`
             // records of the weight's format (asserted: groups and blocks of `pw`).
             let r = unsafe { ax::stream16::<{ $DT }, $MR>(xp, r0, r1, pw.blocks, live) };

@@ -1,4 +1,4 @@
-//! AVX-512 (F, BW, DQ, VL) + GFNI form of the exact family's stream kernel (small M), over the
+//! AVX-512 (F, BW, DQ, VL) form of the exact family's stream kernel (small M), over the
 //! 8-row interleaved repack of block-quantized weights (`crate::packed`, built at load when
 //! this kernel runs, see `crate::wants_repack`).
 //!
@@ -12,9 +12,10 @@
 //! `avx2::tile_f32` computes it on the dequantized row: same products, same order, FMA.
 //!
 //! Dequantization (bit-identical to `tessera_core::tensor::dequantize_row`). Per block, when
-//! the 16 rows' scales allow it (the common case, decided per block, see `fast_block`), one
-//! in-lane byte shuffle builds each vector of weights as floats `F = B + u` directly ("magic
-//! exponent": the quant bits are placed in a float's mantissa under a fixed exponent), and
+//! the 16 rows' scales allow it (the common case, decided per block, see `fast_block`), a
+//! rotate and a ternary-logic op build each vector of weights as floats `F = B + u` directly
+//! ("magic exponent": the quant bits are placed in a float's mantissa under a fixed exponent,
+//! `Consts::float_at`), and
 //! one FMA `F · d + C` finishes it, `C` chosen so that `F · d + C` is exactly the reference's
 //! unrounded value and the FMA's one rounding is the reference's:
 //! - Q4_1: `F = 16 + q`, `C = m − 16d`: `F·d + C = q·d + m` (exact if `C` is, checked with
@@ -30,7 +31,7 @@
 //! `(q − 8)·d`, `d·q`), as `avx2_exact::decode_group`.
 //!
 //! Invariants shared by every function: the caller has verified AVX2, FMA, F16C, AVX-512
-//! F/BW/DQ/VL and GFNI (`crate::isa::avx512_exact`); pointers are valid for the lengths
+//! F/BW/DQ/VL (`crate::isa::avx512_exact`); pointers are valid for the lengths
 //! documented; loads are unaligned.
 
 use std::arch::x86_64::*;
@@ -58,27 +59,38 @@ unsafe fn opaque(mut v: __m512i) -> __m512i {
 
 /// `vpshufb` control putting byte `j` of each 4-byte row slot at byte `pos` of that row's
 /// dword and zeros (index bit 7) in its other bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn spread(j: usize, pos: usize) -> __m512i {
+const fn spread(j: usize, pos: usize) -> [u8; 64] {
     let mut v = [0x80u8; 64];
-    for (i, b) in v.iter_mut().enumerate() {
+    let mut i = 0;
+    while i < 64 {
         if i % 4 == pos {
-            *b = (i / 4 % 4 * 4 + j) as u8;
+            v[i] = (i / 4 % 4 * 4 + j) as u8;
         }
+        i += 1;
     }
-    opaque(_mm512_loadu_si512(v.as_ptr().cast()))
+    v
 }
 
-/// GFNI affine matrix whose output bit `i` is input bit `src(i)` (or 0).
-fn gf_matrix(src: impl Fn(usize) -> Option<usize>) -> i64 {
-    let mut mat = 0u64;
-    for i in 0..8 {
-        if let Some(s) = src(i) {
-            mat |= (1u64 << s) << (8 * (7 - i));
+/// The shuffle controls, `[pos][j]`, for `pos` 0..4 (built at compile time).
+static SPREAD: [[[u8; 64]; 4]; 4] = {
+    let mut t = [[[0u8; 64]; 4]; 4];
+    let mut pos = 0;
+    while pos < 4 {
+        let mut j = 0;
+        while j < 4 {
+            t[pos][j] = spread(j, pos);
+            j += 1;
         }
+        pos += 1;
     }
-    mat as i64
+    t
+};
+
+/// One of the `SPREAD` controls in a register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn spread_reg(j: usize, pos: usize) -> __m512i {
+    opaque(_mm512_loadu_si512(SPREAD[pos][j].as_ptr().cast()))
 }
 
 /// The 16 rows' f16 values at byte `off` of both records, converted (exactly).
@@ -102,32 +114,56 @@ unsafe fn quads16(r0: *const u8, r1: *const u8, v: usize) -> __m512i {
     )
 }
 
-/// Shuffle controls and constants, built once per call.
+/// Constants of the fast and general paths, built once per call.
 struct Consts {
-    /// `spread(j, 2)`, `spread(j, 0)` (4-bit), `spread(j, 1)`, `spread(j, 3)` (Q8_0).
-    fast: [__m512i; 4],
-    slow: [__m512i; 4],
+    /// The float exponent (and leading mantissa bit) of the fast path's `F`.
     magic: __m512i,
-    lo: __m512i,
-    hi: __m512i,
+    /// Where the quant sits in `F`'s mantissa: bits 19..23 (4-bit) or 8..16 (Q8_0).
+    field: __m512i,
+    /// `spread(j, 0)` (4-bit) or `spread(j, 3)` (Q8_0): the general path's byte shuffles.
+    slow: [__m512i; 4],
 }
 
 impl Consts {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn new<const DT: u8>() -> Consts {
-        let (fast_pos, slow_pos, magic) = if DT == Q8_0 {
-            (1, 3, 0x4700_0000)
+        let (slow_pos, magic, field) = if DT == Q8_0 {
+            (3, 0x4700_0000, 0x0000_ff00)
         } else {
-            (2, 0, 0x4100_0000)
+            (0, 0x4180_0000, 0x0078_0000)
         };
         Consts {
-            fast: std::array::from_fn(|j| spread(j, fast_pos)),
-            slow: std::array::from_fn(|j| spread(j, slow_pos)),
-            magic: opaque(_mm512_set1_epi32(magic)),
-            lo: _mm512_set1_epi64(gf_matrix(|i| (3..7).contains(&i).then(|| i - 3))),
-            hi: _mm512_set1_epi64(gf_matrix(|i| (3..7).contains(&i).then(|| i + 1))),
+            magic: _mm512_set1_epi32(magic),
+            field: _mm512_set1_epi32(field),
+            slow: std::array::from_fn(|j| spread_reg(j, slow_pos)),
         }
+    }
+
+    /// `F` from the quant at bits `p ..` of every dword of `v` shifted to bit `to` (the
+    /// mantissa field), the rest of the dword cleared, the exponent set. Two single-cycle
+    /// integer operations. (Zen 4 measured: a masked byte shuffle, or a rotate, per vector in
+    /// their place ran this loop at 55% of the speed: both compete with the FMAs for a pipe.)
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn float_at(&self, v: __m512i, p: u32, to: u32) -> __m512 {
+        let r = match to as i32 - p as i32 {
+            0 => v,
+            3 => _mm512_slli_epi32::<3>(v),
+            7 => _mm512_slli_epi32::<7>(v),
+            8 => _mm512_slli_epi32::<8>(v),
+            11 => _mm512_slli_epi32::<11>(v),
+            15 => _mm512_slli_epi32::<15>(v),
+            19 => _mm512_slli_epi32::<19>(v),
+            -1 => _mm512_srli_epi32::<1>(v),
+            -5 => _mm512_srli_epi32::<5>(v),
+            -8 => _mm512_srli_epi32::<8>(v),
+            -9 => _mm512_srli_epi32::<9>(v),
+            -16 => _mm512_srli_epi32::<16>(v),
+            r => unreachable!("shift {r}"),
+        };
+        // (r & field) | magic: truth table over (r, magic, field) = 0xEC.
+        _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xEC>(r, self.magic, self.field))
     }
 }
 
@@ -173,7 +209,7 @@ unsafe fn fast_block<const DT: u8>(d: __m512, m: __m512, live: u16) -> (bool, __
 
 /// One 4-bit block (Q4_0/Q4_1) of 16 rows into the accumulators.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,gfni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn block_q4<const DT: u8, const MR: usize>(
     k: &Consts,
     acc: &mut [[__m512; 8]; MR],
@@ -198,15 +234,10 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
         for ch in 0..4 {
             for half in 0..2 {
                 let zv = z[2 * (ch % 2) + half];
-                // Each byte becomes 0x80 | nibble << 3: with 0x41 above it, 16 + nibble.
-                let s = if ch < 2 {
-                    _mm512_gf2p8affine_epi64_epi8::<0x80>(zv, k.lo)
-                } else {
-                    _mm512_gf2p8affine_epi64_epi8::<0x80>(zv, k.hi)
-                };
-                for (j, shj) in k.fast.iter().enumerate() {
-                    let f = _mm512_mask_shuffle_epi8(k.magic, 0x4444_4444_4444_4444, s, *shj);
-                    let w = _mm512_fmadd_ps(_mm512_castsi512_ps(f), d, c);
+                for j in 0..4 {
+                    // Element 8ch + 4half + j is the low (ch < 2) or high nibble of byte j.
+                    let p = 8 * j as u32 + if ch < 2 { 0 } else { 4 };
+                    let w = _mm512_fmadd_ps(k.float_at(zv, p, 19), d, c);
                     feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
                 }
             }
@@ -238,7 +269,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
 
 /// One Q8_0 block of 16 rows into the accumulators.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,gfni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn block_q8<const MR: usize>(
     k: &Consts,
     acc: &mut [[__m512; 8]; MR],
@@ -255,11 +286,10 @@ unsafe fn block_q8<const MR: usize>(
     if fast {
         let flip = _mm512_set1_epi8(-128);
         for v in 0..8 {
-            // q + 128 as a byte, under 0x47 0x00: the float 2^15 + q + 128.
+            // q + 128 as a byte, placed under 0x47 0x00: the float 2^15 + q + 128.
             let s = _mm512_xor_si512(quads16(r0, r1, v), flip);
-            for (j, shj) in k.fast.iter().enumerate() {
-                let f = _mm512_mask_shuffle_epi8(k.magic, 0x2222_2222_2222_2222, s, *shj);
-                let w = _mm512_fmadd_ps(_mm512_castsi512_ps(f), d, c);
+            for j in 0..4 {
+                let w = _mm512_fmadd_ps(k.float_at(s, 8 * j as u32, 8), d, c);
                 feed(acc, x, e0 + 4 * v + j, 4 * (v % 2) + j, w);
             }
         }
@@ -286,7 +316,7 @@ unsafe fn block_q8<const MR: usize>(
 /// # Safety
 /// The CPU features above; `x[m]` valid for `32 · blocks` reads; `r0`, `r1` for `blocks`
 /// records of format `DT` (`record_geometry`).
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,gfni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub unsafe fn stream16<const DT: u8, const MR: usize>(
     x: [*const f32; MR],
     r0: *const u8,

@@ -31,6 +31,8 @@
 //! Cost per tile of `R` rows against `N` keys: about `2·R·N·head_dim` multiply-adds, and
 //! one read of the `N` key and value rows (the point of tiling: not one read per row).
 
+use std::ops::Range;
+
 use half::f16;
 
 use crate::math::exp_scalar;
@@ -38,7 +40,7 @@ use crate::Isa;
 
 mod block;
 pub use block::convert_rows;
-use block::{block_scores, pv_update, runs, softmax_step};
+use block::{block_scores, prefetch_rows, pv_update, runs, softmax_step};
 
 /// Keys per block of the online softmax. Fixed: a row's arithmetic depends on it.
 pub const KEY_BLOCK: usize = 32;
@@ -90,9 +92,12 @@ pub struct Tile<'a> {
     pub limits: &'a [usize],
     pub k: KvRows<'a>,
     pub v: KvRows<'a>,
-    /// Element offset of key position `p`'s row (this head's `head_dim` values) in `k` and
-    /// `v`, for every `p` below the largest limit.
+    /// Element offset of key position `first_key + i`'s row (this head's `head_dim` values)
+    /// in `k` and `v` at `offs[i]`, for every key the call walks: `0..` the largest limit
+    /// for [`attend`] (`first_key = 0`), segment `seg`'s keys for [`attend_segment`] (then
+    /// `first_key` may be the segment's first key, so a caller lists only those).
     pub offs: &'a [usize],
+    pub first_key: usize,
 }
 
 /// Buffers of [`attend`], reused from call to call (one per thread).
@@ -115,7 +120,9 @@ pub struct AttnScratch {
 
 impl Tile<'_> {
     /// Panics with a message naming the broken invariant (the caller validates its input).
-    fn check(&self) {
+    /// `keys`: the key positions the call walks (only their offsets are checked, so a
+    /// segment's check costs its own keys, not the whole context).
+    fn check(&self, keys: Range<usize>) {
         let (rows, hd) = (self.limits.len(), self.head_dim);
         assert!(hd > 0, "attention: head_dim must be positive");
         assert_eq!(
@@ -127,13 +134,34 @@ impl Tile<'_> {
             self.limits.iter().all(|&n| n > 0),
             "attention: a row attends no key"
         );
-        let n = self.limits.iter().copied().max().unwrap_or(0);
-        assert!(self.offs.len() >= n, "attention: fewer offsets than keys");
+        if keys.is_empty() {
+            return;
+        }
+        assert!(
+            keys.start >= self.first_key && keys.end - self.first_key <= self.offs.len(),
+            "attention: fewer offsets than keys"
+        );
         let (kl, vl) = (self.k.len(), self.v.len());
         assert!(
-            self.offs[..n].iter().all(|&o| o + hd <= kl && o + hd <= vl),
+            self.offs_of(keys).iter().all(|&o| o + hd <= kl && o + hd <= vl),
             "attention: a key row lies outside K or V"
         );
+    }
+
+    /// The offsets of key positions `keys` (within the listed ones).
+    fn offs_of(&self, keys: Range<usize>) -> &[usize] {
+        &self.offs[keys.start - self.first_key..keys.end - self.first_key]
+    }
+
+    /// The largest limit: keys `0..max_keys()` are attended by some row.
+    fn max_keys(&self) -> usize {
+        self.limits.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Keys of segment `seg` below the largest limit.
+    fn segment_keys(&self, seg: usize) -> Range<usize> {
+        let n = self.max_keys();
+        (seg * SEGMENT).min(n)..((seg + 1) * SEGMENT).min(n)
     }
 }
 
@@ -155,7 +183,7 @@ fn assert_supported(isa: Isa) {
 /// [`attend`] on a given ISA (tests compare the two paths); panics if the CPU lacks it.
 pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScratch) {
     assert_supported(isa);
-    tile.check();
+    tile.check(0..tile.max_keys());
     let (rows, hd) = (tile.limits.len(), tile.head_dim);
     assert_eq!(
         out.len(),
@@ -185,7 +213,7 @@ pub fn attend_segment(tile: &Tile, seg: usize, part: &mut [f32], scratch: &mut A
     let isa = Isa::active();
     assert_supported(isa);
     let pl = partial_len(tile.head_dim);
-    tile.check();
+    tile.check(tile.segment_keys(seg));
     assert_eq!(
         part.len(),
         tile.limits.len() * pl,
@@ -274,19 +302,24 @@ fn run_segment(isa: Isa, tile: &Tile, seg: usize, part: &mut [f32], scratch: &mu
     l.resize(rows, 0.0);
     alpha.resize(rows, 0.0);
     valid.resize(rows, 0);
-    let max_n = tile.limits.iter().copied().max().unwrap_or(0);
-    let end = max_n.min((seg + 1) * SEGMENT);
-    for b0 in (seg * SEGMENT..end).step_by(KEY_BLOCK) {
+    let keys = tile.segment_keys(seg);
+    let end = keys.end;
+    for b0 in keys.step_by(KEY_BLOCK) {
         let bn = KEY_BLOCK.min(end - b0);
+        // The next block's K and V rows, into L2 while this one runs: a long context's
+        // rows come from DRAM (hints only; no effect on any value).
+        let next = (b0 + KEY_BLOCK).min(end)..(b0 + 2 * KEY_BLOCK).min(end);
+        prefetch_rows(tile.k, tile.offs_of(next.clone()), hd);
+        prefetch_rows(tile.v, tile.offs_of(next), hd);
         for (c, &n) in valid.iter_mut().zip(tile.limits) {
             *c = n.saturating_sub(b0).min(bn);
         }
         // This block's K and V rows: in place for f32, converted into the scratch for f16.
         let (kbuf, vbuf, offs): (&[f32], &[f32], &[usize]) = match (tile.k, tile.v) {
-            (KvRows::F32(k), KvRows::F32(v)) => (k, v, &tile.offs[b0..b0 + bn]),
+            (KvRows::F32(k), KvRows::F32(v)) => (k, v, tile.offs_of(b0..b0 + bn)),
             _ => {
-                convert_rows(isa, tile.k, &tile.offs[b0..b0 + bn], hd, kblk);
-                convert_rows(isa, tile.v, &tile.offs[b0..b0 + bn], hd, vblk);
+                convert_rows(isa, tile.k, tile.offs_of(b0..b0 + bn), hd, kblk);
+                convert_rows(isa, tile.v, tile.offs_of(b0..b0 + bn), hd, vblk);
                 blk_offs.clear();
                 blk_offs.extend((0..bn).map(|j| j * hd));
                 (kblk, vblk, blk_offs)
@@ -324,6 +357,7 @@ fn run_segment(isa: Isa, tile: &Tile, seg: usize, part: &mut [f32], scratch: &mu
 
 /// The straightforward definition in f64: all scores, a full softmax, the weighted sum.
 pub fn attend_reference(tile: &Tile) -> Vec<f64> {
+    assert_eq!(tile.first_key, 0, "attention reference: offsets must start at key 0");
     let hd = tile.head_dim;
     let val = |b: KvRows, i: usize| match b {
         KvRows::F32(x) => x[i] as f64,

@@ -32,12 +32,13 @@ pub use plan::TILE_TOKENS;
 use plan::{assign, Item};
 
 /// An item's query rows (its tokens × the group's heads, token-major), their key limits,
-/// and the key offsets.
+/// and the offsets of the keys it walks (from key `first_key`).
 #[derive(Default)]
 struct Gathered {
     q: Vec<f32>,
     limits: Vec<usize>,
     offs: Vec<usize>,
+    first_key: usize,
 }
 
 /// One unit's buffers: the gathered tile, its output rows, a merged total, and the
@@ -113,6 +114,7 @@ pub fn attention(
                     k: kbuf,
                     v: vbuf,
                     offs: &l.g.offs,
+                    first_key: l.g.first_key,
                 };
                 match it.part {
                     None => {
@@ -153,8 +155,8 @@ pub fn attention(
     });
 }
 
-/// Fills `g` with item `it`'s query rows, their key limits and the key offsets (only
-/// segment `seg`'s when given, zeros elsewhere: the kernel reads no other).
+/// Fills `g` with item `it`'s query rows, their key limits and the offsets of the keys it
+/// walks (segment `seg`'s only, when given: the kernel reads no other).
 #[allow(clippy::too_many_arguments)]
 fn gather(
     g: &mut Gathered,
@@ -182,11 +184,10 @@ fn gather(
         None => 0..n,
         Some(s) => (s * SEGMENT).min(n)..((s + 1) * SEGMENT).min(n),
     };
+    g.first_key = keys.start;
     g.offs.clear();
-    g.offs.resize(keys.start, 0);
     g.offs
         .extend(keys.map(|p| kv.offset(table, p) + it.kvh * hd));
-    g.offs.resize(n, 0);
 }
 
 #[cfg(test)]

@@ -180,3 +180,31 @@ pub fn convert_rows(isa: Isa, src: KvRows, offs: &[usize], hd: usize, dst: &mut 
         }
     }
 }
+
+/// Prefetch hints (into L2) for the rows at `offs` (`hd` values each) of `src`. Hints only:
+/// they never fault and change no value (on other architectures, nothing).
+pub(super) fn prefetch_rows(src: KvRows, offs: &[usize], hd: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let (base, elem) = match src {
+            KvRows::F32(b) => (b.as_ptr().cast::<u8>(), 4),
+            KvRows::F16(b) => (b.as_ptr().cast::<u8>(), 2),
+        };
+        let bytes = hd * elem;
+        for &o in offs {
+            let row = base.wrapping_add(o * elem);
+            let mut line = 0;
+            while line < bytes {
+                // SAFETY: a prefetch is a hint: it never faults, whatever the address (the
+                // pointer is formed with wrapping arithmetic and never dereferenced).
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(line).cast()) };
+                line += 64;
+            }
+            // SAFETY: as above (the row's last byte, for rows not 64-byte aligned).
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(bytes - 1).cast()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (src, offs, hd);
+}

@@ -74,6 +74,7 @@ impl Case {
             k,
             v,
             offs: &self.offs,
+            first_key: 0,
         }
     }
     fn f32_tile(&self) -> Tile<'_> {
@@ -307,6 +308,12 @@ proptest! {
         // Each segment on a fresh scratch, as another unit would run it.
         for seg in 0..segs {
             attend_segment(&t, seg, &mut part, &mut AttnScratch::default());
+            // The same segment from a tile listing only its own keys' offsets.
+            let keys = seg * SEGMENT..((seg + 1) * SEGMENT).min(t.offs.len());
+            let own = Tile { offs: &t.offs[keys.clone()], first_key: keys.start, ..t };
+            let mut alone = vec![f32::NAN; part.len()];
+            attend_segment(&own, seg, &mut alone, &mut AttnScratch::default());
+            prop_assert_eq!(&alone, &part, "segment {} from its own offsets", seg);
             merge_partial(hd, &mut total, &part);
         }
         let mut apart = vec![f32::NAN; rows * hd];

@@ -143,7 +143,9 @@ impl Tile<'_> {
         );
         let (kl, vl) = (self.k.len(), self.v.len());
         assert!(
-            self.offs_of(keys).iter().all(|&o| o + hd <= kl && o + hd <= vl),
+            self.offs_of(keys)
+                .iter()
+                .all(|&o| o + hd <= kl && o + hd <= vl),
             "attention: a key row lies outside K or V"
         );
     }
@@ -357,7 +359,10 @@ fn run_segment(isa: Isa, tile: &Tile, seg: usize, part: &mut [f32], scratch: &mu
 
 /// The straightforward definition in f64: all scores, a full softmax, the weighted sum.
 pub fn attend_reference(tile: &Tile) -> Vec<f64> {
-    assert_eq!(tile.first_key, 0, "attention reference: offsets must start at key 0");
+    assert_eq!(
+        tile.first_key, 0,
+        "attention reference: offsets must start at key 0"
+    );
     let hd = tile.head_dim;
     let val = |b: KvRows, i: usize| match b {
         KvRows::F32(x) => x[i] as f64,

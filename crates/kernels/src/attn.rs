@@ -162,9 +162,14 @@ impl Tile<'_> {
 
     /// Keys of segment `seg` below the largest limit.
     fn segment_keys(&self, seg: usize) -> Range<usize> {
-        let n = self.max_keys();
-        (seg * SEGMENT).min(n)..((seg + 1) * SEGMENT).min(n)
+        segment_keys(seg, self.max_keys())
     }
+}
+
+/// The keys of segment `seg` of a row set whose largest limit is `n`: the positions
+/// `seg · SEGMENT .. (seg + 1) · SEGMENT` below `n` (empty past the last segment).
+pub fn segment_keys(seg: usize, n: usize) -> Range<usize> {
+    (seg * SEGMENT).min(n)..((seg + 1) * SEGMENT).min(n)
 }
 
 /// `out[r] = softmax(scale · q[r] · K[0..limits[r]]ᵀ) · V[0..limits[r]]` for every row of

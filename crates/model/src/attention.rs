@@ -19,8 +19,8 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use tessera_kernels::attn::{
-    attend, attend_segment, empty_partial, finish_partial, merge_partial, partial_len, AttnScratch,
-    Tile, SEGMENT,
+    attend, attend_segment, empty_partial, finish_partial, merge_partial, partial_len,
+    segment_keys, AttnScratch, Tile,
 };
 use tessera_runtime::{split_range, DisjointMut, ThreadPool};
 
@@ -182,7 +182,7 @@ fn gather(
     let n = g.limits.iter().copied().max().unwrap_or(0);
     let keys = match seg {
         None => 0..n,
-        Some(s) => (s * SEGMENT).min(n)..((s + 1) * SEGMENT).min(n),
+        Some(s) => segment_keys(s, n),
     };
     g.first_key = keys.start;
     g.offs.clear();

@@ -13,7 +13,7 @@
 //!
 //! Dequantization (bit-identical to `tessera_core::tensor::dequantize_row`). Per block, when
 //! the 16 rows' scales allow it (the common case, decided per block, see `fast_block`), a
-//! rotate and a ternary-logic op build each vector of weights as floats `F = B + u` directly
+//! shift and a ternary-logic op build each vector of weights as floats `F = B + u` directly
 //! ("magic exponent": the quant bits are placed in a float's mantissa under a fixed exponent,
 //! `Consts::float_at`), and
 //! one FMA `F · d + C` finishes it, `C` chosen so that `F · d + C` is exactly the reference's
@@ -54,8 +54,8 @@ pub const fn record_geometry(dt: u8) -> (usize, usize, usize) {
     }
 }
 
-/// Hides a constant from LLVM's shuffle combining, which would otherwise rewrite one masked
-/// byte shuffle with a constant into two instructions.
+/// Hides a constant from LLVM's shuffle combining, which could otherwise rewrite a byte
+/// shuffle with a constant control into other instructions (the general path's controls).
 #[inline]
 #[target_feature(enable = "avx512f")]
 unsafe fn opaque(mut v: __m512i) -> __m512i {
@@ -78,7 +78,8 @@ const fn spread(j: usize, pos: usize) -> [u8; 64] {
     v
 }
 
-/// The shuffle controls, `[pos][j]`, for `pos` 0..4 (built at compile time).
+/// The shuffle controls, `[pos][j]`, for `pos` 0..4 (built at compile time; the general
+/// path uses `pos` 0 and 3).
 static SPREAD: [[[u8; 64]; 4]; 4] = {
     let mut t = [[[0u8; 64]; 4]; 4];
     let mut pos = 0;

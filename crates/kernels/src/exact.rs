@@ -17,10 +17,11 @@
 //!   accumulators kept in memory between K blocks; after the last K block, reduce and write
 //!   (`packed`).
 //!
-//! Where AVX-512 runs (`crate::isa::avx512_exact`), block-quantized weights are repacked at
-//! load and the stream form runs on the records (`records`, `x86::avx512_exact`), and the
-//! packed form's even-`nr` tiles are AVX-512 tiles (`x86::avx512_packed`); same order, so
-//! the same bits as on AVX2.
+//! Wherever AVX2 runs, block-quantized weights are repacked at load and the stream form runs
+//! on the records (`records`: `x86::avx2_records`, or `x86::avx512_exact` where AVX-512
+//! runs, `crate::isa::avx512_exact`), and the packed form dequantizes its panels from them;
+//! with AVX-512 its even-`nr` tiles are AVX-512 tiles (`x86::avx512_packed`). Same order, so
+//! the same bits on every ISA.
 
 use std::ops::Range;
 
@@ -48,30 +49,34 @@ pub fn stream_tile_for(mr: usize, nr: usize) -> (usize, usize) {
     (mr, 1 << (usize::BITS - 1 - nr.leading_zeros()))
 }
 
-/// Register tiles of the stream kernel on the repack (AVX-512, see [`stream_on_records`]):
-/// 1 or 2 activation rows by 16 weight rows.
+/// Register tiles of the stream kernel on the repack with AVX-512 (see
+/// [`stream_on_records`]): 1 or 2 activation rows by 16 weight rows.
 pub const STREAM16_TILES: &[(usize, usize)] = &[(1, 16), (2, 16)];
 
-/// Whether a stream plan on `dtype` weights runs on their repack with the AVX-512 kernel
-/// (`records::stream_range`): where that kernel runs, the loader repacks block-quantized
-/// weights for the exact path (`crate::wants_repack`).
+/// Register tiles of the stream kernel on the repack with AVX2: 1 to 4 activation rows by
+/// one 8-row group.
+pub const STREAM8_TILES: &[(usize, usize)] = &[(1, 8), (2, 8), (3, 8), (4, 8)];
+
+/// Whether a stream plan on `dtype` weights runs on their repack (`records::stream_range`):
+/// wherever AVX2 runs the loader repacks block-quantized weights for the exact path
+/// (`crate::wants_repack`).
 pub fn stream_on_records(dtype: DType) -> bool {
-    crate::isa::avx512_exact() && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    Isa::active() == Isa::Avx2Fma && matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
 }
 
 /// The stream tiles the planner proposes for `dtype` weights.
 pub fn stream_tiles(dtype: DType) -> &'static [(usize, usize)] {
-    if stream_on_records(dtype) {
-        STREAM16_TILES
-    } else {
-        crate::plan::F32Kernel::Stream.tiles()
+    match (stream_on_records(dtype), crate::isa::avx512_exact()) {
+        (true, true) => STREAM16_TILES,
+        (true, false) => STREAM8_TILES,
+        _ => crate::plan::F32Kernel::Stream.tiles(),
     }
 }
 
 /// The tile a stream plan's `mr × nr` runs as on `dtype` weights.
 pub fn stream_tile_of(dtype: DType, mr: usize, nr: usize) -> (usize, usize) {
     if stream_on_records(dtype) {
-        (records::stream_mr(mr), 16)
+        (records::stream_mr(mr), records::stream_rows())
     } else {
         stream_tile_for(mr, nr)
     }
@@ -149,9 +154,7 @@ pub(crate) fn stream_range(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let (Isa::Avx2Fma, Some(pw)) = (isa, w.packed.as_ref()) {
-        if crate::isa::avx512_exact() {
-            return records::stream_range(plan, x, k, n, pw, bias, rows, cols, out);
-        }
+        return records::stream_range(plan, x, k, n, pw, bias, rows, cols, out);
     }
     let (mr, nr) = stream_tile_for(plan.tile.mr, plan.tile.nr);
     let nc = plan.tile.nc.max(nr);

@@ -48,14 +48,14 @@ pub use matmul::matmul;
 
 /// Whether weights for `precision` should be built with the 8-row interleaved repack
 /// ([`packed::PackedWeight`], `GemmWeight::new(.., repack)`): always for the fast path (its
-/// integer-dot kernels read only the repack), and for the exact path when its AVX-512
-/// stream kernel runs ([`isa::avx512_exact`]), which reads the repack too (the exact
-/// packed kernel then dequantizes its panels from the repack as well). Formats without a
-/// repack (f32, f16, bf16) are left as stored either way.
+/// integer-dot kernels read only the repack), and for the exact path wherever AVX2 runs: its
+/// stream kernels (AVX2 and AVX-512) read the repack too, and its packed kernel dequantizes
+/// panels from it. Formats without a repack (f32, f16, bf16) are left as stored either way;
+/// the portable kernels read stored rows.
 pub fn wants_repack(precision: plan::Precision) -> bool {
     match precision {
         plan::Precision::Fast => true,
-        plan::Precision::Exact => isa::avx512_exact(),
+        plan::Precision::Exact => Isa::active() == Isa::Avx2Fma,
     }
 }
 

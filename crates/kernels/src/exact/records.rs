@@ -1,8 +1,9 @@
 //! The exact kernels over a weight's 8-row interleaved repack (`crate::packed`), which the
-//! loader builds in exact mode when the AVX-512 stream kernel runs (`crate::wants_repack`):
+//! loader builds in exact mode wherever AVX2 runs (`crate::wants_repack`):
 //!
-//! - [`stream_range`]: the stream plan on AVX-512 (`x86::avx512_exact::stream16`), 16
-//!   weight rows (two groups) by 1 or 2 activation rows per call;
+//! - [`stream_range`]: the stream plan, on AVX-512 (`x86::avx512_exact::stream16`) 16
+//!   weight rows (two groups) by 1 or 2 activation rows per call, on AVX2
+//!   (`x86::avx2_records::stream8`) one group of 8 rows by 1 to 4 activation rows;
 //! - [`pack`]: the packed plan's panels dequantized from the records instead of the stored
 //!   rows, so the stored bytes (released after repacking) are not read again.
 //!
@@ -17,9 +18,19 @@ use tessera_runtime::DisjointMut;
 use crate::packed::{PackedWeight, GROUP};
 use crate::plan::Plan;
 
-/// The AVX-512 stream kernel's activation tile for a plan's `mr`: 1 or 2 rows.
+/// The stream kernel's activation tile for a plan's `mr`: 1 or 2 rows on AVX-512, 1 to 4 on
+/// AVX2.
 pub fn stream_mr(mr: usize) -> usize {
-    mr.clamp(1, 2)
+    mr.clamp(1, if crate::isa::avx512_exact() { 2 } else { 4 })
+}
+
+/// Weight rows of one stream call on the records: 16 on AVX-512, 8 on AVX2.
+pub fn stream_rows() -> usize {
+    if crate::isa::avx512_exact() {
+        2 * GROUP
+    } else {
+        GROUP
+    }
 }
 
 /// Runs a stream plan on the records: for each block of `nc` weight rows (a multiple of 16),
@@ -44,7 +55,8 @@ pub(crate) fn stream_range(
     assert!(cols.start.is_multiple_of(GROUP) && cols.end <= n && pw.n == n && pw.k == k);
     assert!(x.len() >= rows.end * k);
     let mr = stream_mr(plan.tile.mr);
-    let nc = plan.tile.nc.max(2 * GROUP).div_ceil(2 * GROUP) * 2 * GROUP;
+    let call = stream_rows();
+    let nc = plan.tile.nc.max(call).div_ceil(call) * call;
     let mut n0 = cols.start;
     while n0 < cols.end {
         let n1 = (n0 + nc).min(cols.end);
@@ -53,14 +65,21 @@ pub(crate) fn stream_range(
             let mi = mr.min(rows.end - i);
             let mut j = n0;
             while j < n1 {
-                let width = (2 * GROUP).min(n1 - j);
-                let (g0, g1) = (j / GROUP, (j + width - 1) / GROUP);
-                // Rows of the call whose results are kept: j .. j + width (lanes past a
-                // single group repeat group 0 and are dropped).
-                let live = (u32::MAX >> (32 - width)) as u16;
-                let vals = tile16(pw, mi, x, k, i, g0, g1, live);
-                for (a, v) in vals.iter().enumerate().take(mi) {
-                    super::write_row(out, n, i + a, j, &v[..width], bias);
+                let width = call.min(n1 - j);
+                if call == GROUP {
+                    let vals = tile8(pw, mi, x, k, i, j / GROUP);
+                    for (a, v) in vals.iter().enumerate().take(mi) {
+                        super::write_row(out, n, i + a, j, &v[..width], bias);
+                    }
+                } else {
+                    let (g0, g1) = (j / GROUP, (j + width - 1) / GROUP);
+                    // Rows of the call whose results are kept: j .. j + width (lanes past a
+                    // single group repeat group 0 and are dropped).
+                    let live = (u32::MAX >> (32 - width)) as u16;
+                    let vals = tile16(pw, mi, x, k, i, g0, g1, live);
+                    for (a, v) in vals.iter().enumerate().take(mi) {
+                        super::write_row(out, n, i + a, j, &v[..width], bias);
+                    }
                 }
                 j += width;
             }
@@ -108,6 +127,44 @@ fn tile16(
         (DType::Q8_0, 1) => run!(ax::Q8_0, 1),
         (DType::Q8_0, _) => run!(ax::Q8_0, 2),
         (d, _) => unreachable!("{d} has no repack"),
+    }
+}
+
+/// One call of the AVX2 kernel: activation rows `i0 .. i0 + mr` with group `g` (rows past
+/// the weight's last row are the group's zero padding).
+#[cfg(target_arch = "x86_64")]
+fn tile8(pw: &PackedWeight, mr: usize, x: &[f32], k: usize, i0: usize, g: usize) -> [[f32; 8]; 4] {
+    use crate::x86::avx2_records as ax;
+    assert!(crate::Isa::active() == crate::Isa::Avx2Fma && g < pw.groups);
+    assert!((1..=4).contains(&mr) && (i0 + mr) * k <= x.len() && pw.blocks * 32 == k);
+    let r = pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
+    macro_rules! run {
+        ($DT:expr, $MR:literal, $L:literal) => {{
+            let xp: [*const f32; $MR] = std::array::from_fn(|a| x[(i0 + a) * k..].as_ptr());
+            // SAFETY: AVX2, FMA and F16C checked via `Isa` (asserted above); each activation
+            // row holds k = 32 · blocks values and the group `blocks` records of the
+            // weight's format (asserted: group and blocks of `pw`).
+            let r = unsafe { ax::stream8::<{ $DT }, $MR, $L>(xp, r, pw.blocks) };
+            let mut v = [[0f32; 8]; 4];
+            v[..$MR].copy_from_slice(&r);
+            v
+        }};
+    }
+    macro_rules! mrs {
+        ($DT:expr) => {
+            match mr {
+                1 => run!($DT, 1, 8),
+                2 => run!($DT, 2, 4),
+                3 => run!($DT, 3, 2),
+                _ => run!($DT, 4, 2),
+            }
+        };
+    }
+    match pw.dtype {
+        DType::Q4_0 => mrs!(ax::Q4_0),
+        DType::Q4_1 => mrs!(ax::Q4_1),
+        DType::Q8_0 => mrs!(ax::Q8_0),
+        d => unreachable!("{d} has no repack"),
     }
 }
 

@@ -1,5 +1,5 @@
-//! The exact kernels on repacked weights (`records`: the AVX-512 stream kernel where it
-//! runs, and the packed kernel's panels from records on AVX2) against the panel kernel on
+//! The exact kernels on repacked weights (`records`: the stream kernel, AVX2 or AVX-512,
+//! and the packed kernel's panels from records) against the panel kernel on
 //! the same weights as stored, bitwise: awkward shapes (rows not multiples of 8 or 16,
 //! primes, stacked parts, splits of N and M) and blocks whose scales force either
 //! dequantization path (zero, negative, subnormal, huge, infinite and NaN scales).
@@ -165,8 +165,8 @@ proptest! {
         prop_assert!(same(&got, &want), "{} {}x{} mc={} nc={} kc={}", dtype, mr, nr, mc, nc, kc);
     }
 
-    /// A row alone (stream, M = 1) equals the same row in a batch (stream at M = 2..5, and
-    /// packed), all on the repacked weight.
+    /// A row alone (stream, M = 1) equals the same row in a batch (stream at M = 2..5 in
+    /// tiles of 2 and 4 rows, and packed), all on the repacked weight.
     #[test]
     fn rows_on_records_are_batch_invariant(
         m in 2usize..6, n in 1usize..40, kb in 1usize..4, d in 0usize..3, pick in 0usize..1000,
@@ -180,6 +180,7 @@ proptest! {
         let one = run(&plan(F32Kernel::Stream, 1, 4, 1, 32, k, (1, 2)), &pool, &x[row * k..(row + 1) * k], 1, &w, None);
         for p in [
             plan(F32Kernel::Stream, 2, 4, m, 16, k, (1, 2)),
+            plan(F32Kernel::Stream, 4, 4, m, 8, k, (1, 2)),
             plan(F32Kernel::Packed, 3, 4, 8, 16, 32, (1, 2)),
         ] {
             let all = run(&p, &pool, &x, m, &w, None);
@@ -208,7 +209,7 @@ fn stream_on_records_dequantizes_every_weight_like_the_reference() {
             }
             let pool = ThreadPool::new(2);
             let want = reference(&pool, &x, k, &stored, None);
-            for mr in [1, 2] {
+            for mr in [1, 2, 3, 4] {
                 let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
                 let got = run(&p, &pool, &x, k, &repacked, None);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -224,15 +225,21 @@ fn stream_on_records_dequantizes_every_weight_like_the_reference() {
     }
 }
 
-/// On AVX-512 the exact path repacks at load, and the stream kernel runs on the records.
+/// Wherever AVX2 runs the exact path repacks at load, and the stream kernel runs on the
+/// records; the portable kernels read stored rows.
 #[test]
 fn repack_policy_follows_the_isa() {
     use crate::plan::Precision;
     assert!(crate::wants_repack(Precision::Fast));
     assert_eq!(
         crate::wants_repack(Precision::Exact),
-        crate::isa::avx512_exact()
+        Isa::active() == Isa::Avx2Fma
     );
+    assert_eq!(
+        stream_on_records(DType::Q4_1),
+        Isa::active() == Isa::Avx2Fma
+    );
+    assert!(!stream_on_records(DType::F16));
     if crate::isa::avx512_exact() {
         assert_eq!(Isa::active(), Isa::Avx2Fma);
         assert!(Isa::active().name().contains("avx512"));

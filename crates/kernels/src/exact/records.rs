@@ -33,9 +33,10 @@ pub fn stream_rows() -> usize {
     }
 }
 
-/// Runs a stream plan on the records: for each block of `nc` weight rows (a multiple of 16),
-/// each 1- or 2-row activation tile, each pair of 8-row groups (or a last single group).
-/// `cols.start` is a multiple of 8 (units split N in whole groups).
+/// Runs a stream plan on the records: for each block of `nc` weight rows (a multiple of the
+/// call's rows), each activation tile, each call: one 8-row group (AVX2), or a pair of
+/// groups or a last single group (AVX-512). `cols.start` is a multiple of 8 (units split N
+/// in whole groups).
 #[allow(clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn stream_range(
@@ -57,6 +58,55 @@ pub(crate) fn stream_range(
     let mr = stream_mr(plan.tile.mr);
     let call = stream_rows();
     let nc = plan.tile.nc.max(call).div_ceil(call) * call;
+    // The AVX2 kernel reads the unit's activation rows expanded (8 copies of each value)
+    // when they fit EXPAND_BYTES (half a Zen 3 core's L2) beside the streaming weights.
+    let expanded = call == GROUP && rows.len() * k * 32 <= EXPAND_BYTES;
+    XE.with_borrow_mut(|xe| {
+        if expanded {
+            xe.resize(rows.len() * k * 8, 0.0);
+            let src = &x[rows.start * k..rows.end * k];
+            crate::x86::avx2_records::expand(src, xe);
+        }
+        let x_of = |i: usize| {
+            if expanded {
+                XRows::Expanded(&xe[(i - rows.start) * k * 8..])
+            } else {
+                XRows::Plain(&x[i * k..])
+            }
+        };
+        stream_blocks(pw, n, k, (nc, mr, call), bias, &rows, &cols, &x_of, out);
+    });
+}
+
+/// Largest expanded activation block (bytes) the AVX2 stream kernel takes.
+const EXPAND_BYTES: usize = 256 << 10;
+
+thread_local! {
+    /// Expanded activation rows of this unit's last AVX2 stream call.
+    static XE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Activation rows from row `i` on, as stored or expanded (`avx2_records::expand`).
+#[derive(Clone, Copy)]
+enum XRows<'a> {
+    Plain(&'a [f32]),
+    Expanded(&'a [f32]),
+}
+
+/// The loops of [`stream_range`]: `nc`-row weight blocks, `mr`-row activation tiles, calls.
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+fn stream_blocks<'a>(
+    pw: &PackedWeight,
+    n: usize,
+    k: usize,
+    (nc, mr, call): (usize, usize, usize),
+    bias: Option<&[f32]>,
+    rows: &Range<usize>,
+    cols: &Range<usize>,
+    x_of: &dyn Fn(usize) -> XRows<'a>,
+    out: DisjointMut<f32>,
+) {
     let mut n0 = cols.start;
     while n0 < cols.end {
         let n1 = (n0 + nc).min(cols.end);
@@ -67,7 +117,7 @@ pub(crate) fn stream_range(
             while j < n1 {
                 let width = call.min(n1 - j);
                 if call == GROUP {
-                    let vals = tile8(pw, mi, x, k, i, j / GROUP);
+                    let vals = tile8(pw, mi, x_of(i), k, j / GROUP);
                     for (a, v) in vals.iter().enumerate().take(mi) {
                         super::write_row(out, n, i + a, j, &v[..width], bias);
                     }
@@ -76,7 +126,10 @@ pub(crate) fn stream_range(
                     // Rows of the call whose results are kept: j .. j + width (lanes past a
                     // single group repeat group 0 and are dropped).
                     let live = (u32::MAX >> (32 - width)) as u16;
-                    let vals = tile16(pw, mi, x, k, i, g0, g1, live);
+                    let XRows::Plain(xi) = x_of(i) else {
+                        unreachable!("the AVX-512 kernel reads plain rows")
+                    };
+                    let vals = tile16(pw, mi, xi, k, g0, g1, live);
                     for (a, v) in vals.iter().enumerate().take(mi) {
                         super::write_row(out, n, i + a, j, &v[..width], bias);
                     }
@@ -97,19 +150,18 @@ fn tile16(
     mr: usize,
     x: &[f32],
     k: usize,
-    i0: usize,
     g0: usize,
     g1: usize,
     live: u16,
 ) -> [[f32; 16]; 2] {
     use crate::x86::avx512_exact as ax;
     assert!(crate::isa::avx512_exact() && g0 < pw.groups && g1 < pw.groups);
-    assert!(mr <= 2 && (i0 + mr) * k <= x.len() && pw.blocks * 32 == k);
+    assert!(mr <= 2 && mr * k <= x.len() && pw.blocks * 32 == k);
     let group = |g: usize| pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
     let (r0, r1) = (group(g0), group(g1));
     macro_rules! run {
         ($DT:expr, $MR:literal) => {{
-            let xp: [*const f32; $MR] = std::array::from_fn(|a| x[(i0 + a) * k..].as_ptr());
+            let xp: [*const f32; $MR] = std::array::from_fn(|a| x[a * k..].as_ptr());
             // SAFETY: AVX-512 F/BW/DQ/VL, AVX2, FMA and F16C checked (asserted above);
             // each activation row holds k = 32 · blocks values and each group `blocks`
             // records of the weight's format (asserted: groups and blocks of `pw`).
@@ -130,21 +182,31 @@ fn tile16(
     }
 }
 
-/// One call of the AVX2 kernel: activation rows `i0 .. i0 + mr` with group `g` (rows past
-/// the weight's last row are the group's zero padding).
+/// One call of the AVX2 kernel: the `mr` activation rows at the start of `x` with group `g`
+/// (rows past the weight's last row are the group's zero padding).
 #[cfg(target_arch = "x86_64")]
-fn tile8(pw: &PackedWeight, mr: usize, x: &[f32], k: usize, i0: usize, g: usize) -> [[f32; 8]; 4] {
+fn tile8(pw: &PackedWeight, mr: usize, x: XRows, k: usize, g: usize) -> [[f32; 8]; 4] {
     use crate::x86::avx2_records as ax;
+    let (xs, row, xe) = match x {
+        XRows::Plain(xs) => (xs, k, false),
+        XRows::Expanded(xs) => (xs, 8 * k, true),
+    };
     assert!(crate::Isa::active() == crate::Isa::Avx2Fma && g < pw.groups);
-    assert!((1..=4).contains(&mr) && (i0 + mr) * k <= x.len() && pw.blocks * 32 == k);
+    assert!((1..=4).contains(&mr) && mr * row <= xs.len() && pw.blocks * 32 == k);
     let r = pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
     macro_rules! run {
         ($DT:expr, $MR:literal, $L:literal) => {{
-            let xp: [*const f32; $MR] = std::array::from_fn(|a| x[(i0 + a) * k..].as_ptr());
+            let xp: [*const f32; $MR] = std::array::from_fn(|a| xs[a * row..].as_ptr());
             // SAFETY: AVX2, FMA and F16C checked via `Isa` (asserted above); each activation
-            // row holds k = 32 · blocks values and the group `blocks` records of the
-            // weight's format (asserted: group and blocks of `pw`).
-            let r = unsafe { ax::stream8::<{ $DT }, $MR, $L>(xp, r, pw.blocks) };
+            // row holds k = 32 · blocks values (8k expanded) and the group `blocks` records
+            // of the weight's format (asserted: group and blocks of `pw`).
+            let r = unsafe {
+                if xe {
+                    ax::stream8::<{ $DT }, $MR, $L, true>(xp, r, pw.blocks)
+                } else {
+                    ax::stream8::<{ $DT }, $MR, $L, false>(xp, r, pw.blocks)
+                }
+            };
             let mut v = [[0f32; 8]; 4];
             v[..$MR].copy_from_slice(&r);
             v

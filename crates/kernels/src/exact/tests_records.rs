@@ -245,3 +245,32 @@ fn repack_policy_follows_the_isa() {
         assert!(Isa::active().name().contains("avx512"));
     }
 }
+
+/// Activation blocks too large to expand (`records::stream_range` then broadcasts from the
+/// stored rows) give the same bits as expanded ones and as the panel on the stored rows.
+#[test]
+fn stream_on_records_plain_and_expanded_rows_agree() {
+    for dtype in BLOCKED {
+        let (m, n, k) = (9, 21, 32 * 33); // 9 · 1056 · 32 bytes: over the expansion limit
+        let (stored, repacked) = pair(dtype, quantized_rows(dtype, n, k, 7), k, 1);
+        let x = acts(m, k, 11);
+        let pool = ThreadPool::new(2);
+        let want = reference(&pool, &x, m, &stored, None);
+        for (mr, par) in [(4, (1, 1)), (3, (1, 2)), (1, (2, 1)), (2, (1, 1))] {
+            // Whole M on one unit: plain rows; split over units, or one row tile: expanded
+            // wherever a unit's rows fit.
+            let p = plan(F32Kernel::Stream, mr, 4, m, 16, k, par);
+            let got = run(&p, &pool, &x, m, &repacked, None);
+            assert!(same(&got, &want), "{dtype} mr={mr} {par:?}");
+        }
+        let one = run(
+            &plan(F32Kernel::Stream, 1, 4, 1, 16, k, (1, 2)),
+            &pool,
+            &x[..k],
+            1,
+            &repacked,
+            None,
+        );
+        assert!(same(&one, &want[..n]), "{dtype}: one row");
+    }
+}

@@ -112,7 +112,7 @@ unsafe fn weights<const DT: u8>(
 /// One pass: lanes `l0 .. l0 + L` of every activation row over all `blocks` records.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pass<const DT: u8, const MR: usize, const L: usize>(
+unsafe fn pass<const DT: u8, const MR: usize, const L: usize, const XE: bool>(
     x: &[*const f32; MR],
     r: *const u8,
     blocks: usize,
@@ -144,7 +144,12 @@ unsafe fn pass<const DT: u8, const MR: usize, const L: usize>(
                 let w = weights::<DT>(rec, d, m, ch, l);
                 let e = 32 * b + 8 * ch + l;
                 for (a, xa) in acc.iter_mut().zip(x) {
-                    a[i] = _mm256_fmadd_ps(_mm256_broadcast_ss(&*xa.add(e)), w, a[i]);
+                    let xv = if XE {
+                        _mm256_loadu_ps(xa.add(8 * e))
+                    } else {
+                        _mm256_broadcast_ss(&*xa.add(e))
+                    };
+                    a[i] = _mm256_fmadd_ps(xv, w, a[i]);
                 }
             }
         }
@@ -154,13 +159,15 @@ unsafe fn pass<const DT: u8, const MR: usize, const L: usize>(
 
 /// Canonical dot products of `MR` activation rows `x[m]` (f32, `32 · blocks` each) with the
 /// 8 rows of the record group starting at `r` (`blocks` consecutive records), computed `L`
-/// lanes per pass (`L` divides 8, `L · MR ≤ 8`). Returns `[m][row]`.
+/// lanes per pass (`L` divides 8, `L · MR ≤ 8`). Returns `[m][row]`. With `XE` the rows
+/// come expanded ([`expand`]: each value 8 times), so the kernel loads a vector per FMA
+/// instead of broadcasting one (Zen 3: a broadcast per FMA costs a vector pipe slot; 8-15%).
 ///
 /// # Safety
-/// AVX2+FMA+F16C; `x[m]` valid for `32 · blocks` reads; `r` for `blocks` records of format
-/// `DT` (`record_geometry`).
+/// AVX2+FMA+F16C; `x[m]` valid for `32 · blocks` reads (`256 · blocks` with `XE`); `r` for
+/// `blocks` records of format `DT` (`record_geometry`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn stream8<const DT: u8, const MR: usize, const L: usize>(
+pub unsafe fn stream8<const DT: u8, const MR: usize, const L: usize, const XE: bool>(
     x: [*const f32; MR],
     r: *const u8,
     blocks: usize,
@@ -168,7 +175,7 @@ pub unsafe fn stream8<const DT: u8, const MR: usize, const L: usize>(
     const { assert!(L > 0 && 8 % L == 0 && L * MR <= 8) };
     let mut lanes = [[_mm256_setzero_ps(); 8]; MR];
     for p in 0..8 / L {
-        let acc = pass::<DT, MR, L>(&x, r, blocks, p * L, p == 0);
+        let acc = pass::<DT, MR, L, XE>(&x, r, blocks, p * L, p == 0);
         for (dst, a) in lanes.iter_mut().zip(acc) {
             dst[p * L..p * L + L].copy_from_slice(&a);
         }
@@ -180,4 +187,13 @@ pub unsafe fn stream8<const DT: u8, const MR: usize, const L: usize>(
         _mm256_storeu_ps(o.as_mut_ptr(), s);
     }
     out
+}
+
+/// Writes each of `x`'s values 8 times into `dst` (`dst.len() == 8 · x.len()`): the
+/// activation form [`stream8`] takes with `XE`.
+pub fn expand(x: &[f32], dst: &mut [f32]) {
+    assert_eq!(dst.len(), 8 * x.len());
+    for (d, &v) in dst.chunks_exact_mut(8).zip(x) {
+        d.fill(v);
+    }
 }

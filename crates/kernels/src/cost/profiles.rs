@@ -128,12 +128,15 @@ impl MachineProfile {
             cpu: cpu.to_string(),
             f32_gflops_per_core: 40.0,
             q8_gflops_per_core: 63.0,
-            dram_gbs: 12.5,
+            // `bench gemm` and `print_profile` on the Zen3, 2026-12-02: 18-23 GB/s (the
+            // figure of the first profile, 12.5, predates the far prefetch of the record
+            // kernels).
+            dram_gbs: 22.0,
             l2_gbs_per_core: 100.0,
             l3_gbs: 120.0,
             dequant_elems_per_ns: 6.0,
             quant_elems_per_ns: 1.8,
-            dispatch_us: 0.6,
+            dispatch_us: 0.5,
             l1_bytes: 32 << 10,
             l2_bytes: 512 << 10,
             l3_bytes: 32 << 20,
@@ -147,26 +150,28 @@ impl MachineProfile {
                 ("f32dot", 1, 8, 26.7),
                 ("f32dot", 4, 2, 34.7),
                 ("f32dot", 1, 1, 8.7),
-                // Not measured on the Zen3: this machine's panel 3x4 figure times the
-                // stream/packed to panel ratios measured on an Intel Xeon vCPU (stream on
-                // Q4_1 weights); `tessera tune` measures them.
-                ("f32stream", 1, 8, 12.7),
-                ("f32stream", 1, 4, 14.0),
-                ("f32stream", 2, 2, 21.0),
-                ("f32stream", 3, 2, 24.1),
-                ("f32stream", 4, 1, 22.4),
-                // The AVX-512 stream kernel on the repack and packed tiles (no Zen3 figure:
-                // it has no AVX-512): rates on the Intel Xeon vCPU scaled like the ones above.
-                ("f32stream16", 1, 16, 21.0),
-                ("f32stream16", 2, 16, 32.0),
-                ("f32packed16", 8, 4, 52.0),
-                ("f32packed16", 6, 4, 50.0),
-                ("f32packed16", 4, 4, 45.0),
-                ("f32packed16", 8, 2, 40.0),
-                ("f32packed", 3, 4, 41.0),
-                ("f32packed", 2, 4, 35.7),
-                ("f32packed", 4, 3, 32.2),
-                ("f32packed", 4, 2, 34.4),
+                // The stream kernel on the repack (`x86::avx2_records`, activation rows
+                // expanded), Q4_1 and Q8_0, and on stored f32 rows (`x86::avx2_exact`):
+                // `print_tile_rates`, the mean of four runs on a noisy host (±20% between
+                // sittings, the order of the tiles the same in each).
+                ("f32stream", 1, 8, 24.7),
+                ("f32stream", 2, 8, 35.6),
+                ("f32stream", 3, 8, 36.3),
+                ("f32stream", 4, 8, 41.0),
+                ("f32stream@q8_0", 1, 8, 23.9),
+                ("f32stream@q8_0", 2, 8, 36.0),
+                ("f32stream@q8_0", 3, 8, 37.5),
+                ("f32stream@q8_0", 4, 8, 41.6),
+                ("f32stream@f32", 1, 8, 22.1),
+                ("f32stream@f32", 1, 4, 23.6),
+                ("f32stream@f32", 2, 2, 29.4),
+                ("f32stream@f32", 3, 2, 38.2),
+                ("f32stream@f32", 4, 1, 28.2),
+                // The packed kernel (panels from the repack): the mean of three runs.
+                ("f32packed", 3, 4, 54.1),
+                ("f32packed", 2, 4, 44.8),
+                ("f32packed", 4, 3, 32.1),
+                ("f32packed", 4, 2, 45.3),
                 ("q8x8", 1, 8, 55.3),
                 ("q8x8", 2, 8, 59.2),
                 ("q8x8", 3, 8, 63.8),

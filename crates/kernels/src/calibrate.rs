@@ -267,7 +267,7 @@ pub fn tile_gflops_on(
         KernelFamily::F32Dot => Precision::Exact,
         KernelFamily::Q8Interleaved => Precision::Fast,
     };
-    // As the model loads them (the exact stream kernel reads the repack on AVX-512).
+    // As the model loads them (the exact stream kernel reads the repack wherever AVX2 runs).
     let w = weight(dtype, n, k, crate::wants_repack(precision));
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut out = vec![0f32; m * n];

@@ -102,7 +102,8 @@ impl LlamaModel {
     /// Builds the model from loaded files, checking every tensor's presence and shape.
     /// Block-quantized weights are also repacked (once, here) when the precision's kernels
     /// read the repack: always for `Precision::Fast` (the integer-dot kernels), and for
-    /// `Precision::Exact` where its AVX-512 stream kernel runs (`tessera_kernels::wants_repack`).
+    /// `Precision::Exact` wherever AVX2 runs (its stream kernels read the repack, and its
+    /// packed kernel dequantizes panels from it; `tessera_kernels::wants_repack`).
     pub fn new(files: &ModelFiles, precision: Precision) -> Result<Self> {
         Self::new_shard(files, precision, 0..files.config.vocab_size)
     }

@@ -116,22 +116,28 @@ fn stream_blocks<'a>(
             let mut j = n0;
             while j < n1 {
                 let width = call.min(n1 - j);
-                if call == GROUP {
-                    let vals = tile8(pw, mi, x_of(i), k, j / GROUP);
-                    for (a, v) in vals.iter().enumerate().take(mi) {
-                        super::write_row(out, n, i + a, j, &v[..width], bias);
+                let write = |a: usize, v: &[f32]| {
+                    super::write_row(out, n, i + a, j, &v[..width], bias);
+                };
+                // 16-row calls are AVX-512's (plain rows only); 8-row calls AVX2's.
+                match x_of(i) {
+                    XRows::Plain(xi) if call != GROUP => {
+                        let (g0, g1) = (j / GROUP, (j + width - 1) / GROUP);
+                        // Rows of the call whose results are kept: j .. j + width (lanes past
+                        // a single group repeat group 0 and are dropped).
+                        let live = (u32::MAX >> (32 - width)) as u16;
+                        let vals = tile16(pw, mi, xi, k, g0, g1, live);
+                        vals.iter()
+                            .take(mi)
+                            .enumerate()
+                            .for_each(|(a, v)| write(a, v));
                     }
-                } else {
-                    let (g0, g1) = (j / GROUP, (j + width - 1) / GROUP);
-                    // Rows of the call whose results are kept: j .. j + width (lanes past a
-                    // single group repeat group 0 and are dropped).
-                    let live = (u32::MAX >> (32 - width)) as u16;
-                    let XRows::Plain(xi) = x_of(i) else {
-                        unreachable!("the AVX-512 kernel reads plain rows")
-                    };
-                    let vals = tile16(pw, mi, xi, k, g0, g1, live);
-                    for (a, v) in vals.iter().enumerate().take(mi) {
-                        super::write_row(out, n, i + a, j, &v[..width], bias);
+                    xi => {
+                        let vals = tile8(pw, mi, xi, k, j / GROUP);
+                        vals.iter()
+                            .take(mi)
+                            .enumerate()
+                            .for_each(|(a, v)| write(a, v));
                     }
                 }
                 j += width;

@@ -82,7 +82,9 @@ pub(crate) fn packed_range(
     let groups_max = nc / nr;
     let slot = mr * nr * LANES;
     let dtype = w.dtype();
-    let macro_tile = cfg!(target_arch = "x86_64") && isa == Isa::Avx2Fma && nr == 4 && wide(nr);
+    // 4-wide tiles run as macro tiles: one call per activation tile and K block
+    // (`x86::avx512_packed::packed_groups`, `x86::avx2_packed::packed_groups`).
+    let macro_tile = cfg!(target_arch = "x86_64") && isa == Isa::Avx2Fma && nr == 4;
     // Rows a multiple of 4 KiB apart map to the same L1 sets: then the tiles are packed
     // (once per call). Otherwise they are read in place, which costs no copy.
     let pack_x = macro_tile && (k * 4).is_multiple_of(4096);
@@ -207,7 +209,7 @@ pub(crate) fn packed_range(
                                         cols: n0..n0 + ncb,
                                         bias: bias.map(|b| &b[n0..n0 + ncb]),
                                     };
-                                    block.run_avx512();
+                                    block.run();
                                     i += mi;
                                     continue;
                                 }
@@ -255,7 +257,7 @@ fn pack_x_tile(x: &[f32], k: usize, rows: Range<usize>, dst: &mut [f32]) {
 }
 
 /// One activation tile against every 4-row group of a panel over one K block, for the
-/// AVX-512 macro tile (`x86::avx512_packed::packed_groups`).
+/// macro tiles (`x86::avx512_packed::packed_groups`, `x86::avx2_packed::packed_groups`).
 #[cfg(target_arch = "x86_64")]
 struct Block<'a, 'o> {
     /// The tile's activations: rows `rows` of `x` (`k` apart), or, when `packed`, the tile
@@ -285,13 +287,14 @@ struct Block<'a, 'o> {
 
 #[cfg(target_arch = "x86_64")]
 impl Block<'_, '_> {
-    fn run_avx512(self) {
+    fn run(self) {
         let len = self.k1 - self.k0;
         let (steps, tail) = (len / 8, len % 8);
         let groups = self.cols.len().div_ceil(4);
         let mr = self.rows.len();
-        assert!((1..=8).contains(&mr) && self.k1 <= self.k && self.panel.len() == groups * 4 * len);
-        assert!(crate::isa::avx512_exact() && (tail == 0 || self.k1 == self.k));
+        let wide = wide(4);
+        assert!(self.k1 <= self.k && self.panel.len() == groups * 4 * len);
+        assert!((1..=if wide { 8 } else { 4 }).contains(&mr) && (tail == 0 || self.k1 == self.k));
         if self.packed {
             assert!(self.x.len() == mr * self.k);
         } else {
@@ -325,14 +328,19 @@ impl Block<'_, '_> {
                     // SAFETY: rows and columns inside this unit's disjoint ranges.
                     unsafe { self.out.slice(start, self.cols.len()) }.as_mut_ptr()
                 });
-                // SAFETY: AVX-512 F/DQ/VL, AVX2 and FMA checked (`avx512_exact`); a row
+                // SAFETY: AVX2 and FMA checked (`Isa::Avx2Fma`), and AVX-512 F/DQ/VL for the
+                // wide tile (`avx512_exact`); a row
                 // holds k ≥ k1 values (steps chunks from k0, the tail up to k1), and a packed
                 // tile mr · k values (steps chunks of mr · 8 from k0 · mr, the tail, only in
                 // the last K block, after all chunks); the panel holds every
                 // group (asserted); slots as asserted; the row segments hold the block's
                 // columns, and so does the bias.
                 unsafe {
-                    crate::x86::avx512_packed::packed_groups::<$MR>(
+                    (if wide {
+                        crate::x86::avx512_packed::packed_groups::<$MR>
+                    } else {
+                        crate::x86::avx2_packed::packed_groups::<$MR>
+                    })(
                         xp,
                         x_step,
                         xt,

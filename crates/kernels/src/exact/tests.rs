@@ -439,15 +439,19 @@ fn time_packed_microkernel() {
     }
 }
 
-/// The AVX-512 macro tile alone (`--ignored --nocapture time_macro_tile`): one 6-row packed
-/// activation tile against `groups` 4-row groups, panel sizes from L1 to past L2.
+/// The macro tile alone (`--ignored --nocapture time_macro_tile`): one packed activation
+/// tile (6 rows on AVX-512, 3 on AVX2) against `groups` 4-row groups, panel sizes from L1 to
+/// past L2.
 #[cfg(target_arch = "x86_64")]
 #[test]
 #[ignore]
 fn time_macro_tile() {
-    if !crate::isa::avx512_exact() {
+    if Isa::active() != Isa::Avx2Fma {
         return;
     }
+    let wide = crate::isa::avx512_exact();
+    const MR: usize = 6;
+    let mr = if wide { 6 } else { 3 };
     for (len, groups) in [
         (576, 32),
         (1024, 32),
@@ -458,42 +462,62 @@ fn time_macro_tile() {
         (2048, 16),
     ] {
         let steps = len / 8;
-        let x = acts(6, len, 1);
+        let x = acts(MR, len, 1);
         let panel = acts(1, groups * 4 * len, 2);
         let mut slots = vec![0f32; groups * 192];
-        let mut out = vec![0f32; 6 * groups * 4];
-        let op: [*mut f32; 6] = std::array::from_fn(|a| out[a * groups * 4..].as_mut_ptr());
-        let reps = (400_000_000 / (len * groups * 48)).max(1);
+        let mut out = vec![0f32; MR * groups * 4];
+        let op: [*mut f32; MR] = std::array::from_fn(|a| out[a * groups * 4..].as_mut_ptr());
+        let reps = (400_000_000 / (len * groups * 8 * mr)).max(1);
         for (first, last) in [(true, true), (false, false)] {
             let t = std::time::Instant::now();
             for _ in 0..reps {
-                // SAFETY: AVX-512 checked; a packed tile of 6·len, a panel of groups·4·len,
-                // slots of groups·192, rows of groups·4.
+                // SAFETY: AVX2/FMA (and AVX-512 for the wide tile) checked; a packed tile of
+                // mr·len, a panel of groups·4·len, slots of groups·192, rows of groups·4.
                 unsafe {
-                    crate::x86::avx512_packed::packed_groups::<6>(
-                        std::array::from_fn(|a| x[8 * a..].as_ptr()),
-                        48,
-                        [x.as_ptr(); 6],
-                        &[],
-                        panel.as_ptr(),
-                        groups,
-                        steps,
-                        0,
-                        slots.as_mut_ptr(),
-                        192,
-                        first,
-                        last,
-                        op,
-                        groups * 4,
-                        std::ptr::null(),
-                    )
+                    if wide {
+                        crate::x86::avx512_packed::packed_groups::<MR>(
+                            std::array::from_fn(|a| x[8 * a..].as_ptr()),
+                            8 * MR,
+                            [x.as_ptr(); MR],
+                            &[],
+                            panel.as_ptr(),
+                            groups,
+                            steps,
+                            0,
+                            slots.as_mut_ptr(),
+                            192,
+                            first,
+                            last,
+                            op,
+                            groups * 4,
+                            std::ptr::null(),
+                        )
+                    } else {
+                        crate::x86::avx2_packed::packed_groups::<3>(
+                            std::array::from_fn(|a| x[8 * a..].as_ptr()),
+                            24,
+                            [x.as_ptr(); 3],
+                            &[],
+                            panel.as_ptr(),
+                            groups,
+                            steps,
+                            0,
+                            slots.as_mut_ptr(),
+                            192,
+                            first,
+                            last,
+                            [op[0], op[1], op[2]],
+                            groups * 4,
+                            std::ptr::null(),
+                        )
+                    }
                 };
             }
             let s = t.elapsed().as_secs_f64();
             println!(
-                "6x4 len {len} groups {groups} ({} KiB panel) first {first} last {last}: {:.1} GFLOP/s ({})",
+                "{mr}x4 len {len} groups {groups} ({} KiB panel) first {first} last {last}: {:.1} GFLOP/s ({})",
                 groups * 4 * len * 4 / 1024,
-                48.0 * (len * groups * reps) as f64 / s / 1e9,
+                (8 * mr * len * groups * reps) as f64 / s / 1e9,
                 out[0]
             );
         }

@@ -108,9 +108,13 @@ pub(crate) fn packed_range(
                         i += mi;
                     }
                 }
-                if panel.len() < nc * k {
-                    panel.resize(nc * k, 0.0);
+                // 16 floats of slack so the panel can start on a 64-byte line: a register
+                // tile's 32-byte loads then never straddle two lines.
+                if panel.len() < nc * k + 16 {
+                    panel.resize(nc * k + 16, 0.0);
                 }
+                let align = panel.as_ptr().align_offset(64).min(16);
+                let panel = &mut panel[align..align + nc * k];
                 // One lane slot per tile of an `mc` block and group when K is blocked, else one.
                 let need = if blocks_k > 1 {
                     mc.min(rows.len()).div_ceil(mr) * groups_max * slot

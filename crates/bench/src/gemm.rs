@@ -30,10 +30,15 @@ use tessera_kernels::planner::ShapeKey;
 use tessera_runtime::ThreadPool;
 
 use crate::openblas::{OpenBlas, INSTALL_HINT};
-use crate::stats::{gflops, median, time_median, Repeat};
+use crate::stats::{gflops, median, time_interleaved, Repeat};
 
-/// Extra timings of the planned plan and the oracle when they differ.
-const REMEASURE: usize = 2;
+/// Interleaved timing rounds per row (`stats::time_interleaved`).
+const ROUNDS: usize = 3;
+
+/// Milliseconds to wait after OpenBLAS runs: its idle threads spin for about 2^28 cycles
+/// (~0.1 s) before they sleep, and a plan timed while they spin loses a core (100 ms was
+/// not always enough).
+const BLAS_QUIET_MS: u64 = 300;
 
 /// What the sweep runs.
 #[derive(Debug, Clone)]
@@ -260,58 +265,71 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                     let key = ShapeKey::new(m, k, n, dtype, key_precision, units);
                     let xs = &x[..m * k];
                     let cs = &mut c[..m * n];
-                    let mut measured: Vec<(Plan, f64)> = Vec::new();
-                    let mut measure = |p: &Plan, cs: &mut [f32]| -> f64 {
-                        if let Some(&(_, s)) = measured.iter().find(|(q, _)| same_plan(q, p)) {
-                            return s;
-                        }
-                        let s = time_median(&cfg.repeat, || {
-                            execute(&pool, p, xs, m, &w, None, cs);
-                        });
-                        measured.push((*p, s));
-                        s
-                    };
+                    // Every contender of the row: the planned plan, the top candidates,
+                    // the fixed strategies (each plan once), and OpenBLAS, timed in
+                    // interleaved rounds so that the host's slow spells fall on all alike.
                     let planned = planner.plan(&key);
-                    let mut t_planned = measure(&planned, cs);
-                    let mut oracle = (planned, t_planned);
+                    let mut plans: Vec<Plan> = vec![planned];
+                    let add = |p: Plan, plans: &mut Vec<Plan>| -> usize {
+                        match plans.iter().position(|q| same_plan(q, &p)) {
+                            Some(i) => i,
+                            None => {
+                                plans.push(p);
+                                plans.len() - 1
+                            }
+                        }
+                    };
                     for cand in planner.candidates(&key).into_iter().take(cfg.candidates) {
-                        let t = measure(&cand, cs);
-                        if t < oracle.1 {
-                            oracle = (cand, t);
-                        }
+                        add(cand, &mut plans);
                     }
-                    if !same_plan(&oracle.0, &planned) {
-                        // The fastest of several noisy timings is biased fast (one lucky
-                        // run wins): time the two finalists again, alternately, and compare
-                        // their medians.
-                        let (mut tp, mut to) = (vec![t_planned], vec![oracle.1]);
-                        for _ in 0..REMEASURE {
-                            tp.push(time_median(&cfg.repeat, || {
-                                execute(&pool, &planned, xs, m, &w, None, cs)
-                            }));
-                            to.push(time_median(&cfg.repeat, || {
-                                execute(&pool, &oracle.0, xs, m, &w, None, cs)
-                            }));
-                        }
-                        t_planned = median(&tp);
-                        oracle.1 = median(&to);
-                        if t_planned <= oracle.1 {
-                            oracle = (planned, t_planned);
-                        }
-                    }
-                    let fixed_each: Vec<f64> = strategies
+                    let candidates = plans.len();
+                    let fixed_at: Vec<usize> = strategies
                         .iter()
-                        .map(|s| gflops(m, k, n, measure(&s.apply(&planned, units), cs)))
+                        .map(|s| add(s.apply(&planned, units), &mut plans))
                         .collect();
-                    let gflops_openblas = match (&blas, &wf32) {
-                        (Some(b), Some(wv)) => {
-                            let t = time_median(&cfg.repeat, || b.sgemm_abt(xs, wv, cs, m, k, n));
-                            // Let OpenBLAS's threads stop spinning before our pool runs again.
-                            std::thread::sleep(std::time::Duration::from_millis(100));
-                            Some(gflops(m, k, n, t))
-                        }
+                    let blas_row = match (&blas, &wf32) {
+                        (Some(b), Some(wv)) => Some((b, wv)),
                         _ => None,
                     };
+                    let times = {
+                        let cs = std::cell::RefCell::new(&mut *cs);
+                        let mut runs: Vec<Box<dyn FnMut() + '_>> = plans
+                            .iter()
+                            .map(|p| {
+                                let (pool, w, cs) = (&pool, &w, &cs);
+                                Box::new(move || {
+                                    execute(pool, p, xs, m, w, None, &mut cs.borrow_mut())
+                                }) as Box<dyn FnMut()>
+                            })
+                            .collect();
+                        if let Some((b, wv)) = blas_row {
+                            let cs = &cs;
+                            runs.push(Box::new(move || {
+                                b.sgemm_abt(xs, wv, &mut cs.borrow_mut(), m, k, n)
+                            }));
+                        }
+                        let mut refs: Vec<&mut dyn FnMut()> = runs
+                            .iter_mut()
+                            .map(|r| &mut **r as &mut dyn FnMut())
+                            .collect();
+                        time_interleaved(&cfg.repeat, ROUNDS, &mut refs, &mut |i| {
+                            if i == plans.len() {
+                                // Let OpenBLAS's threads stop spinning before our pool runs.
+                                std::thread::sleep(std::time::Duration::from_millis(BLAS_QUIET_MS));
+                            }
+                        })
+                    };
+                    let t_planned = times[0];
+                    // The oracle: the fastest of the planned plan and the candidates (the
+                    // planned plan on ties).
+                    let best =
+                        (1..candidates).fold(0, |b, i| if times[i] < times[b] { i } else { b });
+                    let oracle = (plans[best], times[best]);
+                    let fixed_each: Vec<f64> = fixed_at
+                        .iter()
+                        .map(|&i| gflops(m, k, n, times[i]))
+                        .collect();
+                    let gflops_openblas = blas_row.map(|_| gflops(m, k, n, times[plans.len()]));
                     let gflops_cold = (!copies.is_empty() && m <= COLD_MAX_M)
                         .then(|| cold_gflops(&pool, &planned, xs, m, k, n, &copies, cs));
                     rows.push(Row {

@@ -86,6 +86,51 @@ pub fn time_median<F: FnMut()>(rep: &Repeat, mut f: F) -> f64 {
     median(&samples)
 }
 
+/// Times several contenders in `rounds` interleaved rounds and returns each one's median
+/// seconds over all its timed runs. Each contender runs once untimed first; then every round
+/// times each contender in turn (round `r` starting at contender `r`, so none is always the
+/// first after a pause) for `rep.min_time / rounds` (at least one run, at most
+/// `rep.max_runs / rounds`), calling `between(i)` after contender `i`'s share (OpenBLAS uses
+/// it to let its spinning threads stop). On a host whose speed changes for seconds at a time,
+/// a slow spell then falls on every contender of a comparison alike instead of on whichever
+/// one happened to be running.
+pub fn time_interleaved(
+    rep: &Repeat,
+    rounds: usize,
+    contenders: &mut [&mut dyn FnMut()],
+    between: &mut dyn FnMut(usize),
+) -> Vec<f64> {
+    let rounds = rounds.max(1);
+    let share = Repeat {
+        min_runs: rep.min_runs.div_ceil(rounds).max(1),
+        min_time: rep.min_time / rounds as u32,
+        max_runs: (rep.max_runs / rounds).max(1),
+    };
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
+    for (i, f) in contenders.iter_mut().enumerate() {
+        f();
+        between(i);
+    }
+    let count = contenders.len();
+    for r in 0..rounds {
+        for i in (0..count).map(|j| (j + r) % count) {
+            let f = &mut contenders[i];
+            let mut spent = Duration::ZERO;
+            let mut runs = 0;
+            while share.wants_more(runs, spent) {
+                let t = Instant::now();
+                f();
+                let d = t.elapsed();
+                spent += d;
+                runs += 1;
+                samples[i].push(d.as_secs_f64());
+            }
+            between(i);
+        }
+    }
+    samples.iter().map(|s| median(s)).collect()
+}
+
 /// A warning when the 1-minute load average (Linux `/proc/loadavg`) says other work is
 /// competing for the CPUs, which makes every figure noisy.
 pub fn load_warning() -> Option<String> {
@@ -113,6 +158,27 @@ pub fn gflops(m: usize, k: usize, n: usize, secs: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interleaved_rounds_alternate_contenders() {
+        use std::cell::RefCell;
+        let log = RefCell::new(Vec::new());
+        let rep = Repeat {
+            min_runs: 3,
+            min_time: Duration::ZERO,
+            max_runs: 100,
+        };
+        let (mut a, mut b) = (|| log.borrow_mut().push('a'), || log.borrow_mut().push('b'));
+        let t = time_interleaved(&rep, 3, &mut [&mut a, &mut b], &mut |i| {
+            log.borrow_mut().push(if i == 0 { '|' } else { '/' })
+        });
+        assert_eq!(t.len(), 2);
+        assert!(t.iter().all(|&s| s >= 0.0 && s.is_finite()));
+        // Warm-ups, then three rounds of one run each (3 runs split over 3 rounds), each
+        // round starting one contender further on.
+        let got: String = log.into_inner().into_iter().collect();
+        assert_eq!(got, "a|b/a|b/b/a|a|b/");
+    }
 
     #[test]
     fn median_of_odd_even_and_empty() {

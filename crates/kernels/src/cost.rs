@@ -345,8 +345,20 @@ fn predict_packed_us(
         l3_bw
     };
     let mut b_ns = b_bytes / b_bw;
-    if nc * kf * 4.0 > half_l2 {
-        b_ns += (rows as f64 / mc).ceil() * nn * kf * 4.0 / l3_bw;
+    let panel_bytes = nc * kf * 4.0;
+    if panel_bytes > half_l2 {
+        // Past L2 the panel lives in L3, as far as this VM's share of it goes (the L3 is
+        // the whole CCX's, shared with other tenants): past an eighth of it, with the
+        // weights streaming through it as well, the panel is written back to DRAM and read
+        // from there (4096 × 11,008 f32 at M = 4-8, `nc = 128`: 2-2.5x the time of
+        // `nc = 8-16`).
+        let far_bw = if panel_bytes * units > p.l3_bytes as f64 / 8.0 {
+            b_ns += nn * kf * 4.0 / (p.dram_gbs / units);
+            p.dram_gbs / units
+        } else {
+            l3_bw
+        };
+        b_ns += (rows as f64 / mc).ceil() * nn * kf * 4.0 / far_bw;
     }
     mem_ns = mem_ns.max(a_bytes / a_bw + b_ns);
     let tiles = tiles_m * (nn / nr as f64);

@@ -550,16 +550,13 @@ fn tile(
         match (mr, nr) {
             (1, 2) => run!(1, 2),
             (1, 3) => run!(1, 3),
-            (1, 4) => run!(1, 4),
             (2, 2) => run!(2, 2),
             (2, 3) => run!(2, 3),
-            (2, 4) => run!(2, 4),
             (3, 2) => run!(3, 2),
             (3, 3) => run!(3, 3),
-            (3, 4) => run!(3, 4),
             (4, 2) => run!(4, 2),
             (4, 3) => run!(4, 3),
-            (4, 4) => run!(4, 4),
+            // 4-wide tiles run as macro tiles (`x86::avx2_packed::packed_groups`).
             _ => unreachable!("packed tile {mr}x{nr}"),
         }
     }

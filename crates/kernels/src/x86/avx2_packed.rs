@@ -54,20 +54,9 @@ pub unsafe fn packed_groups<const MR: usize>(
 ) {
     debug_assert!((1..=4).contains(&MR) && cols <= 4 * groups && cols + 4 > 4 * groups);
     let group_len = 4 * (8 * steps + tail_len);
-    // The next tile's activations, in 64-byte lines (prefetches never fault): a cursor
-    // (range, offset) advanced by a share of the lines per group.
-    let next_lines: usize = x_next.iter().map(|r| r.len().div_ceil(16)).sum();
-    let (mut ri, mut off) = (0, 0);
+    let mut next = NextTilePrefetch::new(x_next, groups);
     for g in 0..groups {
-        for _ in next_lines * g / groups..next_lines * (g + 1) / groups {
-            while ri < x_next.len() && off >= x_next[ri].len() {
-                (ri, off) = (ri + 1, 0);
-            }
-            if ri < x_next.len() {
-                _mm_prefetch::<_MM_HINT_T1>(x_next[ri].as_ptr().wrapping_add(off).cast());
-                off += 16;
-            }
-        }
+        next.group(g);
         let slot = slots.wrapping_add(g * slot_stride);
         let mut a = [[_mm256_setzero_ps(); 4]; MR];
         if !first {
@@ -136,6 +125,47 @@ pub unsafe fn packed_groups<const MR: usize>(
                 _mm_storeu_ps(out[m].add(col0), s);
             } else {
                 _mm_maskstore_ps(out[m].add(col0), mask, s);
+            }
+        }
+    }
+}
+
+/// The next activation tile's lines, fetched into L2 a share per group while the macro tile
+/// runs over a panel's groups, so the next tile does not start on L3 latency. A cursor over
+/// the ranges (prefetches never fault).
+pub(crate) struct NextTilePrefetch<'a> {
+    ranges: &'a [&'a [f32]],
+    /// 64-byte lines in all the ranges.
+    lines: usize,
+    groups: usize,
+    range: usize,
+    offset: usize,
+}
+
+impl<'a> NextTilePrefetch<'a> {
+    pub(crate) fn new(ranges: &'a [&'a [f32]], groups: usize) -> Self {
+        let lines = ranges.iter().map(|r| r.len().div_ceil(16)).sum();
+        NextTilePrefetch {
+            ranges,
+            lines,
+            groups: groups.max(1),
+            range: 0,
+            offset: 0,
+        }
+    }
+
+    /// Fetches group `g`'s share of the lines.
+    #[inline]
+    pub(crate) fn group(&mut self, g: usize) {
+        for _ in self.lines * g / self.groups..self.lines * (g + 1) / self.groups {
+            while self.range < self.ranges.len() && self.offset >= self.ranges[self.range].len() {
+                (self.range, self.offset) = (self.range + 1, 0);
+            }
+            if let Some(r) = self.ranges.get(self.range) {
+                // SAFETY: a prefetch is a hint and never faults; the address is computed
+                // with wrapping arithmetic and not dereferenced.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(r.as_ptr().wrapping_add(self.offset).cast()) };
+                self.offset += 16;
             }
         }
     }

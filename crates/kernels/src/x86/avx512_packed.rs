@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2_exact::{reduce1, reduce4};
+use super::avx2_packed::NextTilePrefetch;
 
 /// How many steps ahead the panel is prefetched.
 const PF_STEPS: usize = 8;
@@ -168,20 +169,9 @@ pub unsafe fn packed_groups<const MR: usize>(
 ) {
     debug_assert!(MR >= 1 && MR <= 8 && cols <= 4 * groups && cols + 4 > 4 * groups);
     let group_len = 4 * (8 * steps + tail_len);
-    // The next tile's activations, in 64-byte lines (prefetches never fault): a cursor
-    // (range, offset) advanced by a share of the lines per group.
-    let next_lines: usize = x_next.iter().map(|r| r.len().div_ceil(16)).sum();
-    let (mut ri, mut off) = (0, 0);
+    let mut next = NextTilePrefetch::new(x_next, groups);
     for g in 0..groups {
-        for _ in next_lines * g / groups..next_lines * (g + 1) / groups {
-            while ri < x_next.len() && off >= x_next[ri].len() {
-                (ri, off) = (ri + 1, 0);
-            }
-            if ri < x_next.len() {
-                _mm_prefetch::<_MM_HINT_T1>(x_next[ri].as_ptr().wrapping_add(off).cast());
-                off += 16;
-            }
-        }
+        next.group(g);
         let slot = slots.wrapping_add(g * slot_stride);
         let mut a = [[_mm512_setzero_ps(); 2]; MR];
         if !first {

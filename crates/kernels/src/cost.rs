@@ -221,6 +221,12 @@ pub fn predict_us(
 ) -> f64 {
     match (plan.tile.family, plan.tile.kernel) {
         (KernelFamily::F32Dot, F32Kernel::Stream) => predict_stream_us(p, plan, m, k, n, dtype),
+        (KernelFamily::F32Dot, F32Kernel::Packed)
+            if crate::exact::packed_tile_for(plan.tile.mr, plan.tile.nr).1
+                == crate::exact::OUTER_STRIP =>
+        {
+            predict_outer_us(p, plan, m, k, n, dtype)
+        }
         (KernelFamily::F32Dot, F32Kernel::Packed) => predict_packed_us(p, plan, m, k, n, dtype),
         _ => predict_panel_us(p, plan, m, k, n, dtype),
     }
@@ -383,6 +389,59 @@ fn predict_packed_us(
     // tile ahead, mostly.
     extra_ns += 0.3 * compute_ns.min(mem_ns) + 0.2 * a_bytes / a_bw;
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
+}
+
+/// The packed kernel's outer-product tile (`crate::exact::outer`): each unit packs its
+/// activation rows once and dequantizes its weight rows once into 16-row strips; one lane of
+/// a strip (`16 · K / 8` values) stays in L1 while an `mc` block of activation tiles streams
+/// past it, the block re-read from L2 per strip when it fits there, else from L3.
+fn predict_outer_us(
+    p: &MachineProfile,
+    plan: &Plan,
+    m: usize,
+    k: usize,
+    n: usize,
+    dtype: DType,
+) -> f64 {
+    let t = &plan.tile;
+    let (mr, nr) = crate::exact::packed_tile_for(t.mr, t.nr);
+    let (mp, np) = plan.parallel.parts();
+    let units = (mp * np) as f64;
+    let rows = m.div_ceil(mp) as f64;
+    let nn = (n.div_ceil(np)).div_ceil(nr) as f64 * nr as f64;
+    let kf = k as f64;
+    let rate = p.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Packed, mr, nr, k);
+    // A partial last tile runs as fast per row (its steps take fewer FMAs and broadcasts).
+    let mut compute_ns = 2.0 * rows * nn * kf / rate;
+    // A strip's lane past half of L1 is read from L2 in part.
+    if nr as f64 * kf / 8.0 * 4.0 > p.l1_bytes as f64 * 0.5 {
+        compute_ns *= 1.1;
+    }
+    let bpw = bytes_per_weight(dtype);
+    let mem_ns = nn * kf * bpw / first_read_bw(p, nn * kf * bpw, units);
+    let mc = (t.mc.max(mr) as f64).min(rows);
+    let nc = (t.nc.max(nr) as f64).min(nn);
+    let l3_bw = p.l3_gbs / units;
+    // The activations: from L3 once per `nc` block, and again for every strip when an `mc`
+    // block does not fit L2 beside the strips.
+    let a_block = mc * kf * 4.0;
+    let strips = nn / nr as f64;
+    let a_reads = if a_block + nc * kf * 4.0 <= p.l2_bytes as f64 * 0.5 {
+        (nn / nc).ceil()
+    } else {
+        strips
+    };
+    let a_ns = a_reads * rows * kf * 4.0 / l3_bw;
+    // Packing: activations transposed once, weights dequantized and transposed once; lane
+    // sums stored per tile and lane, then eight loads, the tree and a store per 8 outputs
+    // (~0.5 ns an output measured with the writes).
+    let mut extra_ns = rows * kf / (p.dequant_elems_per_ns * 2.0)
+        + nn * kf * (1.0 / p.dequant_elems_per_ns + 0.1)
+        + rows * nn * 0.5;
+    // Per tile, strip and lane: a call of ~25 cycles of setup and stores.
+    extra_ns += (rows / mr as f64).ceil() * strips * 8.0 * 8.0;
+    extra_ns += 0.3 * a_ns;
+    (compute_ns.max(mem_ns) + extra_ns + 0.2 * compute_ns.min(mem_ns)) / 1000.0 + p.dispatch_us
 }
 
 /// The panel kernel (and the integer-dot family).

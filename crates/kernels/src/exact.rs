@@ -32,6 +32,7 @@ use crate::gemm::GemmWeight;
 use crate::generic::{self, LANES};
 use crate::isa::Isa;
 use crate::plan::Plan;
+pub use outer::STRIP as OUTER_STRIP;
 pub(crate) use packed::packed_range;
 pub use packed::{packed_kc, packed_tile_for, packed_tiles};
 
@@ -250,6 +251,7 @@ fn stream_tile(
     v
 }
 
+pub(crate) mod outer;
 pub(crate) mod packed;
 pub(crate) mod records;
 #[cfg(test)]

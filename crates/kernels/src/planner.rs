@@ -280,13 +280,25 @@ impl Planner {
                     if mr > 1 && mr > m {
                         continue;
                     }
+                    // The outer-product tile runs K in one block per lane (its lane sums
+                    // would otherwise cross K blocks in memory, measured slower); its `mc`
+                    // and `nc` size the activation block in L2 and the strips packed at once.
+                    let outer = kernel == F32Kernel::Packed && nr == crate::exact::OUTER_STRIP;
+                    if outer && kc < k {
+                        continue;
+                    }
+                    let (mcs, ncs) = if outer {
+                        (ladder(m, &[24, 48, 96]), ladder(n8, &[32, 64, 128]))
+                    } else {
+                        (mcs.clone(), ncs.clone())
+                    };
                     for &mc in &mcs {
                         if mc < mr {
                             continue;
                         }
                         // With K in one block the packed kernel's `mc` only groups tiles
                         // (nothing lives across them): one candidate, not one per `mc`.
-                        if kernel == F32Kernel::Packed && kc >= k && mc != m.max(1) {
+                        if kernel == F32Kernel::Packed && kc >= k && mc != m.max(1) && !outer {
                             continue;
                         }
                         for &nc in &ncs {
@@ -418,7 +430,8 @@ mod tests {
 
     /// The packed kernel's loop order in the model: with K in several blocks a larger `mc`
     /// reads the `nc × K` panel from L3 fewer times (so it is predicted faster), and with K
-    /// in one block `mc` changes nothing (one candidate per tile and `nc`).
+    /// in one block `mc` changes nothing for the macro tiles (one candidate per tile and
+    /// `nc`); the outer-product tile, which never blocks K, keeps its `mc` ladder.
     #[test]
     fn packed_predictions_follow_the_loop_order() {
         let p = Planner::new(MachineProfile::zen4_default("test"), TuningCache::default());
@@ -443,6 +456,7 @@ mod tests {
             .candidates(&one)
             .iter()
             .filter(|c| c.tile.kernel == F32Kernel::Packed && c.tile.kc >= 576)
+            .filter(|c| c.tile.nr != crate::exact::OUTER_STRIP)
             .map(|c| c.tile.mc)
             .collect();
         assert!(

@@ -189,6 +189,31 @@ proptest! {
         }
     }
 
+    /// The outer-product form (`nr = 16`, `outer`): bitwise the reference over awkward
+    /// shapes, partial tiles and strips, K tails, K blocks, bias and every split.
+    #[test]
+    fn outer_equals_panel_bitwise(
+        m in 1usize..23, n in 1usize..50, kb in 1usize..7, odd in 0usize..8, d in 0usize..6,
+        mr in 1usize..8, mc in 1usize..20, nc in 1usize..40, kcb in 0usize..4, units in 1usize..4,
+    ) {
+        prop_assume!(outer::available());
+        let dtype = DTYPES[d];
+        let k = k_for(dtype, kb, odd);
+        let w = weight(dtype, n, k, (n * 29 + k) as u64, 1 + d % 3);
+        let x = acts(m, k, (m * 5 + d) as u64);
+        let bias = acts(1, n, 3);
+        let pool = ThreadPool::new(units);
+        let want = reference(&pool, &x, m, &w, Some(&bias));
+        let kc = if kcb == 0 { 0 } else { 32 * kcb };
+        for par in [(1, units), (units.min(m), 1), (2.min(m), 2)] {
+            if par.0 * par.1 > units {
+                continue;
+            }
+            let p = plan(F32Kernel::Packed, mr, 16, mc, nc, kc, par);
+            prop_assert_eq!(run(&p, &pool, &x, m, &w, Some(&bias)), want.clone(), "{} {}x16 mc={} nc={} kc={} {:?}", dtype, mr, mc, nc, kc, par);
+        }
+    }
+
     /// A row's result is the same at M = 1 (stream kernel) and inside a batch (packed).
     #[test]
     fn stream_and_packed_rows_agree(m in 2usize..40, n in 1usize..25, kb in 1usize..5, d in 0usize..6, pick in 0usize..1000) {
@@ -351,17 +376,20 @@ fn time_exact_kernels() {
             let u: Vec<usize> = v[1..].iter().map(|x| x.parse().unwrap()).collect();
             plans.push(plan(kernel, u[0], u[1], u[2], u[3], u[4], (1, units)));
         }
-        for p in &plans {
-            let mut times = vec![];
-            for _ in 0..7 {
+        // Interleaved rounds (each plan once per round), so a noisy neighbour hits all alike.
+        let mut times = vec![vec![]; plans.len()];
+        for _ in 0..7 {
+            for (p, ts) in plans.iter().zip(times.iter_mut()) {
                 let t = std::time::Instant::now();
                 let mut reps = 0;
                 while t.elapsed().as_secs_f64() < 0.05 || reps < 2 {
                     execute(&pool, p, &x, m, &w, None, &mut out);
                     reps += 1;
                 }
-                times.push(t.elapsed().as_secs_f64() / reps as f64);
+                ts.push(t.elapsed().as_secs_f64() / reps as f64);
             }
+        }
+        for (p, mut times) in plans.iter().zip(times) {
             times.sort_by(|a, b| a.total_cmp(b));
             let med = times[3];
             let gf = 2.0 * (m * k * n) as f64 / med / 1e9;
@@ -522,4 +550,45 @@ fn time_macro_tile() {
             );
         }
     }
+}
+
+/// The outer-product lane tile alone (`--ignored --nocapture time_outer_tile`): one lane of a
+/// 6 × 16 block over `TESSERA_STEPS` chunks (default 72, K = 576), its activations and
+/// weights in L1, against the FMA peak of 12 FMAs a step.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn time_outer_tile() {
+    if !outer::available() {
+        return;
+    }
+    let steps: usize = std::env::var("TESSERA_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(72);
+    let a = acts(steps, 6, 1);
+    let b = acts(steps, 16, 2);
+    let mut sums = vec![0f32; 96];
+    let calls = 200_000_000 / (steps * 12 * 16);
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        for _ in 0..calls {
+            // SAFETY: AVX2+FMA (`available`); a holds 6 · steps, b 16 · steps, sums 96.
+            unsafe {
+                crate::x86::avx2_outer::lane_tile::<6>(
+                    a.as_ptr(),
+                    b.as_ptr(),
+                    steps,
+                    sums.as_mut_ptr(),
+                    true,
+                )
+            };
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "lane_tile 6x16, {steps} steps: {:.1} GFLOP/s",
+            (calls * steps * 12 * 16) as f64 / s / 1e9
+        );
+    }
+    std::hint::black_box(&sums);
 }

@@ -4,6 +4,7 @@
 pub mod avx2;
 pub mod avx2_attn;
 pub mod avx2_exact;
+pub mod avx2_outer;
 pub mod avx2_packed;
 pub mod avx2_q8;
 pub mod avx2_records;

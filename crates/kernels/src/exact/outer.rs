@@ -1,0 +1,322 @@
+//! The exact family's packed form with an outer-product tile (a packed plan with
+//! `nr = 16`, AVX2): the canonical order's eight lanes are eight independent fused chains,
+//! so each lane of an `mr × 16` block of outputs is computed as a BLIS-style outer product
+//! (`x86::avx2_outer::lane_tile`: one activation value broadcast against 16 weight values),
+//! and the lanes are added with the canonical tree at the end (`finish_rows`). Bitwise the
+//! numbers of every other exact kernel (see `super`).
+//!
+//! Loop order, for the rows and columns of one unit:
+//! - the activations are packed once per call, lane-major: `[lane][tile][step][mr]`;
+//! - for each block of `nc` weight rows: dequantize it into 16-row strips, each
+//!   `[lane][step][16]` then the tail `[t][16]` (the weights are read once per call);
+//! - for each block of `mc` activation rows, each strip, each K block of `kc`, each lane:
+//!   the strip's lane block (`16 · kc / 8` values) stays in L1 while the block's tiles
+//!   stream their activations past it (2 bytes per FMA); the lane sums of the block's tiles
+//!   (`[tile][lane][mr][16]`) stay in L2 between K blocks; then each tile is finished.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use tessera_runtime::DisjointMut;
+
+use super::packed::pack;
+use crate::gemm::GemmWeight;
+use crate::isa::Isa;
+use crate::plan::Plan;
+
+/// Weight rows of one strip (two AVX2 vectors along N).
+pub const STRIP: usize = 16;
+/// The most activation rows of one tile (12 accumulators, two weight vectors and a
+/// broadcast fill 15 of the 16 vector registers).
+pub const MAX_MR: usize = 6;
+const LANES: usize = crate::generic::LANES;
+
+thread_local! {
+    static X_LANES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static STRIPS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static GROUP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this machine runs the outer-product tile (AVX2 and FMA).
+pub fn available() -> bool {
+    cfg!(target_arch = "x86_64") && Isa::active() == Isa::Avx2Fma
+}
+
+/// Runs a packed plan with `nr = 16` over activation rows `rows` and weight rows `cols`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn outer_range(
+    plan: &Plan,
+    x: &[f32],
+    k: usize,
+    n: usize,
+    w: &GemmWeight,
+    bias: Option<&[f32]>,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    out: DisjointMut<f32>,
+) {
+    assert!(available(), "the outer-product tile needs AVX2 and FMA");
+    assert!(rows.end * k <= x.len() && cols.end <= n && bias.is_none_or(|b| b.len() == n));
+    if rows.is_empty() || cols.is_empty() {
+        return;
+    }
+    let mr = plan.tile.mr.clamp(1, MAX_MR);
+    let (steps, tail) = (k / LANES, k % LANES);
+    let kc_steps = (super::packed_kc(plan.tile.kc, k) / LANES).clamp(1, steps.max(1));
+    let blocks_k = steps.div_ceil(kc_steps).max(1);
+    let nc = plan.tile.nc.max(STRIP).div_ceil(STRIP) * STRIP;
+    // Tiles start at multiples of `mr` from `rows.start` (mc is a multiple of mr).
+    let mc = plan.tile.mc.max(mr).div_ceil(mr) * mr;
+    let m = rows.len();
+    let strip_len = STRIP * k;
+    X_LANES.with(|xl| {
+        STRIPS.with(|sp| {
+            SUMS.with(|su| {
+                let (mut xl, mut sp, mut su) = (xl.borrow_mut(), sp.borrow_mut(), su.borrow_mut());
+                grow(&mut xl, LANES * m * steps);
+                grow(
+                    &mut sp,
+                    nc.min(cols.len().div_ceil(STRIP) * STRIP) / STRIP * strip_len,
+                );
+                grow(&mut su, mc.min(m).div_ceil(mr) * LANES * mr * STRIP);
+                pack_x_lanes(x, k, rows.clone(), mr, &mut xl[..LANES * m * steps]);
+                let mut n0 = cols.start;
+                while n0 < cols.end {
+                    let ncb = nc.min(cols.end - n0);
+                    let strips = ncb.div_ceil(STRIP);
+                    for s in 0..strips {
+                        let r0 = n0 + s * STRIP;
+                        let live = STRIP.min(n0 + ncb - r0);
+                        pack_strip(w, r0, live, k, &mut sp[s * strip_len..(s + 1) * strip_len]);
+                    }
+                    let mut m0 = rows.start;
+                    while m0 < rows.end {
+                        let m1 = (m0 + mc).min(rows.end);
+                        let tiles = (m1 - m0).div_ceil(mr);
+                        for s in 0..strips {
+                            let strip = &sp[s * strip_len..(s + 1) * strip_len];
+                            for kb in 0..blocks_k {
+                                let c0 = kb * kc_steps;
+                                let c1 = ((kb + 1) * kc_steps).min(steps);
+                                for l in 0..LANES {
+                                    let b = &strip[(l * steps + c0) * STRIP..];
+                                    for t in 0..tiles {
+                                        let i = m0 + t * mr;
+                                        let mi = mr.min(m1 - i);
+                                        // Tile `i`'s lane `l`: every tile before it in the
+                                        // unit's rows is whole.
+                                        let at = l * m * steps + (i - rows.start) * steps;
+                                        let a = &xl[at + c0 * mi..at + c1 * mi];
+                                        let sums = &mut su[(t * LANES * mr + l * mi) * STRIP..];
+                                        lane_tile(mi, a, &b[..(c1 - c0) * STRIP], sums, kb == 0);
+                                    }
+                                }
+                            }
+                            let col0 = n0 + s * STRIP;
+                            let live = STRIP.min(n0 + ncb - col0);
+                            let w_tail = &strip[LANES * steps * STRIP..];
+                            for t in 0..tiles {
+                                let i = m0 + t * mr;
+                                let mi = mr.min(m1 - i);
+                                let sums =
+                                    &su[t * LANES * mr * STRIP..(t + 1) * LANES * mr * STRIP];
+                                finish(
+                                    x,
+                                    k,
+                                    i..i + mi,
+                                    sums,
+                                    w_tail,
+                                    tail,
+                                    bias,
+                                    col0,
+                                    live,
+                                    n,
+                                    out,
+                                );
+                            }
+                        }
+                        m0 = m1;
+                    }
+                    n0 += ncb;
+                }
+            })
+        })
+    });
+}
+
+fn grow(v: &mut Vec<f32>, len: usize) {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+}
+
+/// Packs the chunked part of activation rows `rows` lane-major: `[lane][tile][step][mi]`,
+/// tiles of `mr` rows from `rows.start` (the last may hold fewer, `mi`).
+fn pack_x_lanes(x: &[f32], k: usize, rows: Range<usize>, mr: usize, dst: &mut [f32]) {
+    let steps = k / LANES;
+    let m = rows.len();
+    assert!(dst.len() == LANES * m * steps && rows.end * k <= x.len() && mr <= 8);
+    let mut i = rows.start;
+    while i < rows.end {
+        let mi = mr.min(rows.end - i);
+        let at = (i - rows.start) * steps;
+        #[cfg(target_arch = "x86_64")]
+        {
+            let src: [*const f32; 8] =
+                std::array::from_fn(|r| x[(i + r.min(mi - 1)) * k..].as_ptr());
+            let base = dst.as_mut_ptr();
+            // In bounds: lane l's tile holds steps · mi values from l · m · steps + at.
+            let lanes: [*mut f32; 8] =
+                std::array::from_fn(|l| base.wrapping_add(l * m * steps + at));
+            // SAFETY: AVX2 (asserted by `outer_range`); rows i..i + mi hold k ≥ 8 · steps
+            // values each; each lane's tile lies inside `dst` (asserted length).
+            unsafe { crate::x86::avx2_outer::transpose_tile(src, mi, steps, lanes) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        for r in 0..mi {
+            let row = &x[(i + r) * k..(i + r) * k + steps * LANES];
+            for (c, chunk) in row.chunks_exact(LANES).enumerate() {
+                for (l, &v) in chunk.iter().enumerate() {
+                    dst[l * m * steps + at + c * mi + r] = v;
+                }
+            }
+        }
+        i += mi;
+    }
+}
+
+/// Dequantizes weight rows `r0..r0 + live` into one strip: `[lane][step][16]`, then the
+/// tail `[t][16]`; rows `live..16` are zero.
+fn pack_strip(w: &GemmWeight, r0: usize, live: usize, k: usize, dst: &mut [f32]) {
+    let (steps, tail) = (k / LANES, k % LANES);
+    assert!(dst.len() == STRIP * k && (1..=STRIP).contains(&live));
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        grow(&mut g, STRIP * k);
+        let tmp = &mut g[..STRIP * k];
+        // Four 4-row groups, each `[step][4][8]` then its tail `[4][tail]`.
+        for (grp, panel) in tmp.chunks_exact_mut(4 * k).enumerate() {
+            let glive = live.saturating_sub(4 * grp).min(4);
+            if glive == 0 {
+                panel.fill(0.0);
+            } else {
+                pack(
+                    Isa::active(),
+                    w.dtype(),
+                    w,
+                    r0 + 4 * grp,
+                    glive,
+                    4,
+                    0,
+                    k,
+                    panel,
+                );
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let src: [*const f32; 4] = std::array::from_fn(|grp| tmp[grp * 4 * k..].as_ptr());
+            // SAFETY: AVX2 (asserted by `outer_range`); each group holds 4 · k ≥ 32 · steps
+            // values, `dst` 16 · k ≥ 8 · steps · 16 (asserted).
+            unsafe { crate::x86::avx2_outer::transpose_strip(src, steps, dst.as_mut_ptr()) };
+        }
+        for grp in 0..STRIP / 4 {
+            let panel = &tmp[grp * 4 * k..(grp + 1) * 4 * k];
+            #[cfg(not(target_arch = "x86_64"))]
+            for c in 0..steps {
+                for jj in 0..4 {
+                    let src = &panel[(c * 4 + jj) * LANES..(c * 4 + jj + 1) * LANES];
+                    for (l, &v) in src.iter().enumerate() {
+                        dst[(l * steps + c) * STRIP + 4 * grp + jj] = v;
+                    }
+                }
+            }
+            for jj in 0..4 {
+                for t in 0..tail {
+                    dst[(LANES * steps + t) * STRIP + 4 * grp + jj] =
+                        panel[steps * 4 * LANES + jj * tail + t];
+                }
+            }
+        }
+    });
+}
+
+/// One lane of an `mi × 16` tile over the chunks of one K block (`a`: `[step][mi]`, `b`:
+/// `[step][16]`); `sums` (`[mi][16]`) start at zero when `first`.
+fn lane_tile(mi: usize, a: &[f32], b: &[f32], sums: &mut [f32], first: bool) {
+    let steps = b.len() / STRIP;
+    assert!(a.len() == steps * mi && b.len() == steps * STRIP && sums.len() >= mi * STRIP);
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::x86::avx2_outer as ax;
+        macro_rules! run {
+            ($MR:literal) => {
+                // SAFETY: AVX2+FMA (asserted by `outer_range`); `a` holds steps · MR values,
+                // `b` steps · 16, `sums` MR · 16 (asserted above).
+                unsafe {
+                    ax::lane_tile::<$MR>(a.as_ptr(), b.as_ptr(), steps, sums.as_mut_ptr(), first)
+                }
+            };
+        }
+        match mi {
+            1 => run!(1),
+            2 => run!(2),
+            3 => run!(3),
+            4 => run!(4),
+            5 => run!(5),
+            6 => run!(6),
+            _ => unreachable!("outer tile of {mi} rows"),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "the outer-product tile runs on x86-64 only ({mi} {first} {})",
+        sums.len()
+    );
+}
+
+/// Finishes rows `rows` of a strip at output column `col0`: `sums` are `[lane][mi][16]` (the
+/// tile's slice), `w_tail` the strip's `[t][16]` tail weights; `live` columns are written.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    x: &[f32],
+    k: usize,
+    rows: Range<usize>,
+    sums: &[f32],
+    w_tail: &[f32],
+    tail: usize,
+    bias: Option<&[f32]>,
+    col0: usize,
+    live: usize,
+    n: usize,
+    out: DisjointMut<f32>,
+) {
+    let mi = rows.len();
+    assert!(sums.len() >= LANES * mi * STRIP && w_tail.len() >= tail * STRIP);
+    assert!(col0 + live <= n && rows.end * k <= x.len() && (1..=MAX_MR).contains(&mi));
+    let x_tail: [*const f32; MAX_MR] =
+        std::array::from_fn(|r| x[(rows.start + r.min(mi - 1)) * k + k - tail..].as_ptr());
+    let outs: [*mut f32; MAX_MR] = std::array::from_fn(|r| {
+        let row = rows.start + r.min(mi - 1);
+        // SAFETY: rows and columns inside this unit's disjoint ranges.
+        unsafe { out.slice(row * n + col0, live) }.as_mut_ptr()
+    });
+    let bias = bias.map_or(std::ptr::null(), |b| b[col0..col0 + live].as_ptr());
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX2+FMA (asserted by `outer_range`); sums hold 8 · mi · 16 values, each row's
+    // tail `tail` values from K − tail, `w_tail` tail · 16, the bias and each output row
+    // `live` values (checked by the slices above).
+    unsafe {
+        crate::x86::avx2_outer::finish_rows(
+            sums.as_ptr(),
+            mi,
+            &x_tail[..mi],
+            w_tail.as_ptr(),
+            tail,
+            bias,
+            &outs[..mi],
+            live,
+        )
+    }
+}

@@ -413,9 +413,9 @@ fn predict_outer_us(
     let rate = p.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Packed, mr, nr, k);
     // A partial last tile runs as fast per row (its steps take fewer FMAs and broadcasts).
     let mut compute_ns = 2.0 * rows * nn * kf / rate;
-    // A strip's lane past half of L1 is read from L2 in part.
+    // A strip's lane past half of L1 streams from L2 in part (sequential, prefetched).
     if nr as f64 * kf / 8.0 * 4.0 > p.l1_bytes as f64 * 0.5 {
-        compute_ns *= 1.1;
+        compute_ns *= 1.03;
     }
     let bpw = bytes_per_weight(dtype);
     let mem_ns = nn * kf * bpw / first_read_bw(p, nn * kf * bpw, units);
@@ -433,11 +433,14 @@ fn predict_outer_us(
     };
     let a_ns = a_reads * rows * kf * 4.0 / l3_bw;
     // Packing: activations transposed once, weights dequantized and transposed once; lane
-    // sums stored per tile and lane, then eight loads, the tree and a store per 8 outputs
-    // (~0.5 ns an output measured with the writes).
+    // sums stored per tile and lane, then eight loads, the tree and a store per 8 outputs:
+    // ~2.5 ns an output (perf put the finish pass alone at 1.2 ns on a Zen3, 512 × 576 ×
+    // 1536; the rest fits the measured crossover with the macro tiles: on 2 units these
+    // win at K = 576 by 0-10%, the outer tile wins from K = 1536 by 4-15%, at K = 4096 by
+    // 30%).
     let mut extra_ns = rows * kf / (p.dequant_elems_per_ns * 2.0)
         + nn * kf * (1.0 / p.dequant_elems_per_ns + 0.1)
-        + rows * nn * 0.5;
+        + rows * nn * 2.5;
     // Per tile, strip and lane: a call of ~25 cycles of setup and stores.
     extra_ns += (rows / mr as f64).ceil() * strips * 8.0 * 8.0;
     extra_ns += 0.3 * a_ns;

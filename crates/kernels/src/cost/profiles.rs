@@ -177,7 +177,7 @@ impl MachineProfile {
                 // The outer-product tile (`x86::avx2_outer::lane_tile`) alone on L1 data,
                 // `time_outer_tile`: 74-88 against a one-unit peak of 90-97 (the products'
                 // packing, finish and activation traffic are costed apart).
-                ("f32packed", 6, 16, 80.0),
+                ("f32packed", 6, 16, 66.0),
                 ("q8x8", 1, 8, 55.3),
                 ("q8x8", 2, 8, 59.2),
                 ("q8x8", 3, 8, 63.8),

@@ -101,15 +101,30 @@ pub(crate) fn outer_range(
                                 let c1 = ((kb + 1) * kc_steps).min(steps);
                                 for l in 0..LANES {
                                     let b = &strip[(l * steps + c0) * STRIP..];
-                                    for t in 0..tiles {
-                                        let i = m0 + t * mr;
-                                        let mi = mr.min(m1 - i);
-                                        // Tile `i`'s lane `l`: every tile before it in the
-                                        // unit's rows is whole.
-                                        let at = l * m * steps + (i - rows.start) * steps;
-                                        let a = &xl[at + c0 * mi..at + c1 * mi];
-                                        let sums = &mut su[(t * LANES * mr + l * mi) * STRIP..];
-                                        lane_tile(mi, a, &b[..(c1 - c0) * STRIP], sums, kb == 0);
+                                    // Tile `t` of the block, lane `l`: every tile before it
+                                    // in the unit's rows is whole, so whole tiles are
+                                    // `mr · steps` apart, and their sums `8 · mr · 16`.
+                                    let at = |t: usize| {
+                                        l * m * steps + (m0 + t * mr - rows.start) * steps
+                                    };
+                                    let whole = (m1 - m0) / mr;
+                                    let rest = (m1 - m0) % mr;
+                                    let span = LANES * mr * STRIP;
+                                    let run = LaneRun {
+                                        b: &b[..(c1 - c0) * STRIP],
+                                        c0,
+                                        c1,
+                                        first: kb == 0,
+                                    };
+                                    if whole > 0 {
+                                        let a = &xl[at(0)..at(whole - 1) + steps * mr];
+                                        let sums = &mut su[l * mr * STRIP..whole * span];
+                                        run.tiles(mr, whole, a, steps * mr, sums, span);
+                                    }
+                                    if rest > 0 {
+                                        let a = &xl[at(whole)..at(whole) + steps * rest];
+                                        let sums = &mut su[whole * span + l * rest * STRIP..];
+                                        run.tiles(rest, 1, a, 0, sums, 0);
                                     }
                                 }
                             }
@@ -242,38 +257,58 @@ fn pack_strip(w: &GemmWeight, r0: usize, live: usize, k: usize, dst: &mut [f32])
     });
 }
 
-/// One lane of an `mi × 16` tile over the chunks of one K block (`a`: `[step][mi]`, `b`:
-/// `[step][16]`); `sums` (`[mi][16]`) start at zero when `first`.
-fn lane_tile(mi: usize, a: &[f32], b: &[f32], sums: &mut [f32], first: bool) {
-    let steps = b.len() / STRIP;
-    assert!(a.len() == steps * mi && b.len() == steps * STRIP && sums.len() >= mi * STRIP);
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::x86::avx2_outer as ax;
-        macro_rules! run {
-            ($MR:literal) => {
-                // SAFETY: AVX2+FMA (asserted by `outer_range`); `a` holds steps · MR values,
-                // `b` steps · 16, `sums` MR · 16 (asserted above).
-                unsafe {
-                    ax::lane_tile::<$MR>(a.as_ptr(), b.as_ptr(), steps, sums.as_mut_ptr(), first)
-                }
-            };
+/// One lane's strip block over the chunks `c0..c1` (`b`: `[step][16]`).
+struct LaneRun<'a> {
+    b: &'a [f32],
+    c0: usize,
+    c1: usize,
+    first: bool,
+}
+
+impl LaneRun<'_> {
+    /// `tiles` tiles of `mi` rows: tile `t`'s lane is `a[t · a_stride..]` (`[step][mi]`
+    /// over the whole K, this run reading its chunks `c0..c1`), its sums
+    /// `sums[t · s_stride..]` (`[mi][16]`, from zero when `first`).
+    fn tiles(
+        &self,
+        mi: usize,
+        tiles: usize,
+        a: &[f32],
+        a_stride: usize,
+        sums: &mut [f32],
+        s_stride: usize,
+    ) {
+        let steps = self.c1 - self.c0;
+        assert!(tiles >= 1 && self.b.len() == steps * STRIP && (1..=MAX_MR).contains(&mi));
+        assert!(a.len() >= (tiles - 1) * a_stride + self.c1 * mi);
+        assert!(sums.len() >= (tiles - 1) * s_stride + mi * STRIP);
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::x86::avx2_outer as ax;
+            let a = a[self.c0 * mi..].as_ptr();
+            let (b, acc, first) = (self.b.as_ptr(), sums.as_mut_ptr(), self.first);
+            macro_rules! run {
+                ($MR:literal) => {
+                    // SAFETY: AVX2+FMA (asserted by `outer_range`); each tile's lane holds
+                    // its chunks c0..c1 (c1 · mi values from its start), `b` steps · 16
+                    // values, each tile's sums MR · 16 (asserted above).
+                    unsafe {
+                        ax::lane_tiles::<$MR>(a, a_stride, b, steps, tiles, acc, s_stride, first)
+                    }
+                };
+            }
+            match mi {
+                1 => run!(1),
+                2 => run!(2),
+                3 => run!(3),
+                4 => run!(4),
+                5 => run!(5),
+                _ => run!(6),
+            }
         }
-        match mi {
-            1 => run!(1),
-            2 => run!(2),
-            3 => run!(3),
-            4 => run!(4),
-            5 => run!(5),
-            6 => run!(6),
-            _ => unreachable!("outer tile of {mi} rows"),
-        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("the outer-product tile runs on x86-64 only ({a_stride} {s_stride})");
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!(
-        "the outer-product tile runs on x86-64 only ({mi} {first} {})",
-        sums.len()
-    );
 }
 
 /// Finishes rows `rows` of a strip at output column `col0`: `sums` are `[lane][mi][16]` (the

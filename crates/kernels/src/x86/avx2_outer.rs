@@ -22,6 +22,7 @@ use std::arch::x86_64::*;
 /// # Safety
 /// AVX2+FMA; `a` valid for `steps · MR` reads, `b` for `steps · 16`, `acc` for `MR · 16`
 /// reads and writes.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::needless_range_loop)]
 pub unsafe fn lane_tile<const MR: usize>(
@@ -54,6 +55,35 @@ pub unsafe fn lane_tile<const MR: usize>(
     for r in 0..MR {
         _mm256_storeu_ps(acc.add(16 * r), c[r][0]);
         _mm256_storeu_ps(acc.add(16 * r + 8), c[r][1]);
+    }
+}
+
+/// [`lane_tile`] over `tiles` consecutive tiles of one lane: tile `t` reads `a + t · a_stride`
+/// and keeps its sums at `acc + t · acc_stride` (one call per strip, K block and lane, so
+/// the strip's lane block stays in L1 while the tiles stream past it).
+///
+/// # Safety
+/// As [`lane_tile`] for every tile.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn lane_tiles<const MR: usize>(
+    a: *const f32,
+    a_stride: usize,
+    b: *const f32,
+    steps: usize,
+    tiles: usize,
+    acc: *mut f32,
+    acc_stride: usize,
+    first: bool,
+) {
+    for t in 0..tiles {
+        lane_tile::<MR>(
+            a.add(t * a_stride),
+            b,
+            steps,
+            acc.add(t * acc_stride),
+            first,
+        );
     }
 }
 

@@ -434,13 +434,12 @@ fn predict_outer_us(
     let a_ns = a_reads * rows * kf * 4.0 / l3_bw;
     // Packing: activations transposed once, weights dequantized and transposed once; lane
     // sums stored per tile and lane, then eight loads, the tree and a store per 8 outputs:
-    // ~2.5 ns an output (perf put the finish pass alone at 1.2 ns on a Zen3, 512 × 576 ×
-    // 1536; the rest fits the measured crossover with the macro tiles: on 2 units these
-    // win at K = 576 by 0-10%, the outer tile wins from K = 1536 by 4-15%, at K = 4096 by
-    // 30%).
+    // ~1.5 ns an output. (Fit on a Zen3 to the measured crossover with the macro tiles, 2
+    // units, alternating: equal at 512 × 576 × 576 Q4_1, the outer tile 8% ahead at 512 ×
+    // 576 × 1536 f32, 20% at K = 1536, 30% at K = 4096.)
     let mut extra_ns = rows * kf / (p.dequant_elems_per_ns * 2.0)
         + nn * kf * (1.0 / p.dequant_elems_per_ns + 0.1)
-        + rows * nn * 2.5;
+        + rows * nn * 1.5;
     // Per tile, strip and lane: a call of ~25 cycles of setup and stores.
     extra_ns += (rows / mr as f64).ceil() * strips * 8.0 * 8.0;
     extra_ns += 0.3 * a_ns;

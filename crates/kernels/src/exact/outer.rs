@@ -36,6 +36,9 @@ thread_local! {
     static STRIPS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static GROUP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Per `mc` block: each row's output at the unit's first column, and its K tail.
+    static ROWS: RefCell<(Vec<*mut f32>, Vec<*const f32>)> =
+        const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Whether this machine runs the outer-product tile (AVX2 and FMA).
@@ -94,6 +97,18 @@ pub(crate) fn outer_range(
                     while m0 < rows.end {
                         let m1 = (m0 + mc).min(rows.end);
                         let tiles = (m1 - m0).div_ceil(mr);
+                        ROWS.with(|r| {
+                            let (outs, tails) = &mut *r.borrow_mut();
+                            outs.clear();
+                            tails.clear();
+                            for row in m0..m1 {
+                                // SAFETY: this unit's rows and columns (disjoint from the
+                                // other units').
+                                let o = unsafe { out.slice(row * n + cols.start, cols.len()) };
+                                outs.push(o.as_mut_ptr());
+                                tails.push(x[row * k + k - tail..].as_ptr());
+                            }
+                        });
                         for s in 0..strips {
                             let strip = &sp[s * strip_len..(s + 1) * strip_len];
                             for kb in 0..blocks_k {
@@ -131,25 +146,24 @@ pub(crate) fn outer_range(
                             let col0 = n0 + s * STRIP;
                             let live = STRIP.min(n0 + ncb - col0);
                             let w_tail = &strip[LANES * steps * STRIP..];
-                            for t in 0..tiles {
-                                let i = m0 + t * mr;
-                                let mi = mr.min(m1 - i);
-                                let sums =
-                                    &su[t * LANES * mr * STRIP..(t + 1) * LANES * mr * STRIP];
-                                finish(
-                                    x,
-                                    k,
-                                    i..i + mi,
-                                    sums,
-                                    w_tail,
-                                    tail,
-                                    bias,
-                                    col0,
-                                    live,
-                                    n,
-                                    out,
-                                );
-                            }
+                            let bias = bias.map(|b| &b[col0..col0 + live]);
+                            ROWS.with(|r| {
+                                let (outs, tails) = &*r.borrow();
+                                for t in 0..tiles {
+                                    let (i, span) = (t * mr, LANES * mr * STRIP);
+                                    let mi = mr.min(m1 - m0 - i);
+                                    finish(
+                                        &su[t * span..t * span + LANES * mi * STRIP],
+                                        &tails[i..i + mi],
+                                        &outs[i..i + mi],
+                                        col0 - cols.start,
+                                        w_tail,
+                                        tail,
+                                        bias,
+                                        live,
+                                    );
+                                }
+                            });
                         }
                         m0 = m1;
                     }
@@ -311,46 +325,40 @@ impl LaneRun<'_> {
     }
 }
 
-/// Finishes rows `rows` of a strip at output column `col0`: `sums` are `[lane][mi][16]` (the
-/// tile's slice), `w_tail` the strip's `[t][16]` tail weights; `live` columns are written.
+/// Finishes one tile of a strip: `sums` are its lane sums `[lane][mi][16]`; row `r`'s K
+/// tail starts at `tails[r]` and its output (the unit's columns) at `outs[r]`, the strip's
+/// `live` columns at `off` from there; `w_tail` is the strip's `[t][16]` tail weights.
 #[allow(clippy::too_many_arguments)]
 fn finish(
-    x: &[f32],
-    k: usize,
-    rows: Range<usize>,
     sums: &[f32],
+    tails: &[*const f32],
+    outs: &[*mut f32],
+    off: usize,
     w_tail: &[f32],
     tail: usize,
     bias: Option<&[f32]>,
-    col0: usize,
     live: usize,
-    n: usize,
-    out: DisjointMut<f32>,
 ) {
-    let mi = rows.len();
-    assert!(sums.len() >= LANES * mi * STRIP && w_tail.len() >= tail * STRIP);
-    assert!(col0 + live <= n && rows.end * k <= x.len() && (1..=MAX_MR).contains(&mi));
-    let x_tail: [*const f32; MAX_MR] =
-        std::array::from_fn(|r| x[(rows.start + r.min(mi - 1)) * k + k - tail..].as_ptr());
-    let outs: [*mut f32; MAX_MR] = std::array::from_fn(|r| {
-        let row = rows.start + r.min(mi - 1);
-        // SAFETY: rows and columns inside this unit's disjoint ranges.
-        unsafe { out.slice(row * n + col0, live) }.as_mut_ptr()
-    });
-    let bias = bias.map_or(std::ptr::null(), |b| b[col0..col0 + live].as_ptr());
+    let mi = tails.len();
+    assert!(sums.len() == LANES * mi * STRIP && w_tail.len() >= tail * STRIP);
+    assert!(outs.len() == mi && (1..=MAX_MR).contains(&mi) && (1..=STRIP).contains(&live));
+    assert!(bias.is_none_or(|b| b.len() == live));
+    let bias = bias.map_or(std::ptr::null(), |b| b.as_ptr());
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX2+FMA (asserted by `outer_range`); sums hold 8 · mi · 16 values, each row's
-    // tail `tail` values from K − tail, `w_tail` tail · 16, the bias and each output row
-    // `live` values (checked by the slices above).
+    // SAFETY: AVX2+FMA (asserted by `outer_range`); sums hold 8 · mi · 16 values (asserted);
+    // each tail pointer starts a row's last `tail` values and each output pointer the
+    // unit's columns of a row (`outer_range`), `off + live` of them; `w_tail` holds
+    // tail · 16 values and the bias `live`.
     unsafe {
         crate::x86::avx2_outer::finish_rows(
             sums.as_ptr(),
             mi,
-            &x_tail[..mi],
+            tails,
             w_tail.as_ptr(),
             tail,
             bias,
-            &outs[..mi],
+            outs,
+            off,
             live,
         )
     }

@@ -91,12 +91,12 @@ pub unsafe fn lane_tiles<const MR: usize>(
 /// `lanes + (l · rows + r) · 16` (`[lane][row][16]`); each element gets the canonical tree
 /// over its eight lanes, then its `tail` products fused in order (`x_tail[r][t]` times
 /// `w_tail[t · 16 + col]`), then the bias, and its first `cols` values are stored at
-/// `out[r]` (masked when `cols < 16`).
+/// `out[r] + out_off` (masked when `cols < 16`).
 ///
 /// # Safety
 /// AVX2+FMA; `lanes` valid for `8 · rows · 16` reads; `x_tail[r]` (r < rows) for `tail`
-/// reads; `w_tail` for `tail · 16`; `bias` null or valid for `cols` reads; `out[r]` for
-/// `cols` writes; `1 ≤ cols ≤ 16`, `rows ≤ 6`.
+/// reads; `w_tail` for `tail · 16`; `bias` null or valid for `cols` reads; `out[r] + out_off`
+/// for `cols` writes; `1 ≤ cols ≤ 16`, `rows ≤ 6`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn finish_rows(
@@ -107,6 +107,7 @@ pub unsafe fn finish_rows(
     tail: usize,
     bias: *const f32,
     out: &[*mut f32],
+    out_off: usize,
     cols: usize,
 ) {
     debug_assert!((1..=16).contains(&cols) && rows <= x_tail.len() && rows <= out.len());
@@ -143,9 +144,9 @@ pub unsafe fn finish_rows(
                 s = _mm256_add_ps(s, b);
             }
             if live == 8 {
-                _mm256_storeu_ps(out[r].add(col0), s);
+                _mm256_storeu_ps(out[r].add(out_off + col0), s);
             } else {
-                _mm256_maskstore_ps(out[r].add(col0), mask, s);
+                _mm256_maskstore_ps(out[r].add(out_off + col0), mask, s);
             }
         }
     }
@@ -212,7 +213,7 @@ pub unsafe fn transpose_strip(src: [*const f32; 4], steps: usize, dst: *mut f32)
 ///
 /// # Safety
 /// AVX2; `1 ≤ mi ≤ 8`; `rows[r]` (r < mi) valid for `8 · steps` reads; each `dst[l]` for
-/// `steps · mi` writes.
+/// `steps · mi` writes (a chunk writes 8 values only while they stay inside those).
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn transpose_tile(rows: [*const f32; 8], mi: usize, steps: usize, dst: [*mut f32; 8]) {
     let mask = _mm256_cmpgt_epi32(
@@ -228,8 +229,16 @@ pub unsafe fn transpose_tile(rows: [*const f32; 8], mi: usize, steps: usize, dst
             }
         });
         let lanes = transpose8(r);
-        for (l, v) in lanes.iter().enumerate() {
-            _mm256_maskstore_ps(dst[l].add(c * mi), mask, *v);
+        if c * mi + 8 <= steps * mi {
+            // Values past `mi` land inside the tile, where later chunks write theirs (a
+            // masked store is slow on Zen3).
+            for (l, v) in lanes.iter().enumerate() {
+                _mm256_storeu_ps(dst[l].add(c * mi), *v);
+            }
+        } else {
+            for (l, v) in lanes.iter().enumerate() {
+                _mm256_maskstore_ps(dst[l].add(c * mi), mask, *v);
+            }
         }
     }
 }

@@ -426,12 +426,20 @@ fn predict_outer_us(
     // block does not fit L2 beside the strips.
     let a_block = mc * kf * 4.0;
     let strips = nn / nr as f64;
-    let a_reads = if a_block + nc * kf * 4.0 <= p.l2_bytes as f64 * 0.5 {
-        (nn / nc).ceil()
-    } else {
-        strips
-    };
+    let a_reads = (nn / nc).ceil()
+        + if a_block + nc * kf * 4.0 <= p.l2_bytes as f64 * 0.5 {
+            0.0
+        } else {
+            strips
+        };
     let a_ns = a_reads * rows * kf * 4.0 / l3_bw;
+    // The weights: an `nc` block of strips past half of L2 comes from L3 again for every
+    // `mc` block (at K = 4096, `mc` = 48 measured 1.2x `mc` = 24).
+    let b_ns = if nc * kf * 4.0 > p.l2_bytes as f64 * 0.5 {
+        (rows / mc).ceil() * nn * kf * 4.0 / l3_bw
+    } else {
+        0.0
+    };
     // Packing: activations transposed once, weights dequantized and transposed once; lane
     // sums stored per tile and lane, then eight loads, the tree and a store per 8 outputs:
     // ~1.5 ns an output. (Fit on a Zen3 to the measured crossover with the macro tiles, 2
@@ -442,7 +450,7 @@ fn predict_outer_us(
         + rows * nn * 1.5;
     // Per tile, strip and lane: a call of ~25 cycles of setup and stores.
     extra_ns += (rows / mr as f64).ceil() * strips * 8.0 * 8.0;
-    extra_ns += 0.3 * a_ns;
+    extra_ns += 0.3 * (a_ns + b_ns);
     (compute_ns.max(mem_ns) + extra_ns + 0.2 * compute_ns.min(mem_ns)) / 1000.0 + p.dispatch_us
 }
 

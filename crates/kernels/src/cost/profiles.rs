@@ -174,9 +174,11 @@ impl MachineProfile {
                 ("f32packed", 2, 4, 44.8),
                 ("f32packed", 4, 3, 32.1),
                 ("f32packed", 4, 2, 45.3),
-                // The outer-product tile (`x86::avx2_outer::lane_tile`) alone on L1 data,
-                // `time_outer_tile`: 74-88 against a one-unit peak of 90-97 (the products'
-                // packing, finish and activation traffic are costed apart).
+                // The outer-product tile (`x86::avx2_outer::lane_tile`): 74-88 alone on L1
+                // data (`time_outer_tile`, one-unit peak 90-97); 66 fits whole products
+                // with the packing, finish and activation traffic costed apart
+                // (`predict_outer_us`). `print_tile_rates`, whose small product includes
+                // those, measured it at 0.87-0.9 of the 3 × 4 in the same runs.
                 ("f32packed", 6, 16, 66.0),
                 ("q8x8", 1, 8, 55.3),
                 ("q8x8", 2, 8, 59.2),

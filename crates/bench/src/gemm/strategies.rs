@@ -134,9 +134,6 @@ pub fn fixed_strategies(family: KernelFamily, units: usize) -> Vec<FixedStrategy
             FixedStrategy::new(3, 4, 64, 32, M),
             FixedStrategy::new(2, 2, 32, 16, N),
             FixedStrategy::new(3, 4, 64, 32, Grid2),
-            // The outer-product tile where AVX2 runs it (`exact::outer`); elsewhere it
-            // clamps to the nearest tile of the kernel.
-            FixedStrategy::new(6, 16, 48, 64, N),
         ],
         KernelFamily::Q8Interleaved => &[
             FixedStrategy::new(1, 8, 4, 64, N),
@@ -186,14 +183,12 @@ mod tests {
             for units in [1, 2, 3, 4, 8] {
                 let s = fixed_strategies(family, units);
                 assert!(
-                    s.len() >= 6 && s.len() <= 10,
+                    s.len() >= 6 && s.len() <= 9,
                     "{family:?} {units}: {}",
                     s.len()
                 );
                 for f in &s {
-                    // A family tile, or the packed kernel's outer-product tile.
-                    let outer = family == KernelFamily::F32Dot && (f.mr, f.nr) == (6, 16);
-                    assert!(family.tiles().contains(&(f.mr, f.nr)) || outer);
+                    assert!(family.tiles().contains(&(f.mr, f.nr)));
                     let (mp, np) = f.parallel(units).parts();
                     assert_eq!(mp * np, units);
                 }

@@ -229,6 +229,32 @@ proptest! {
     }
 }
 
+/// The outer-product tile at K below and just past one chunk of 8 (no lane steps, or one
+/// and a tail), which the proptests' K (32 and up) does not reach.
+#[test]
+fn outer_at_tiny_k_equals_panel_bitwise() {
+    if !outer::available() {
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    for k in [1, 2, 5, 7, 8, 9, 15] {
+        for (m, n) in [(1, 1), (7, 20), (13, 33)] {
+            let w = weight(DType::F32, n, k, (k * 7 + n) as u64, 1);
+            let x = acts(m, k, k as u64);
+            let bias = acts(1, n, 4);
+            let want = reference(&pool, &x, m, &w, Some(&bias));
+            for par in [(1, 2), (2.min(m), 1)] {
+                let p = plan(F32Kernel::Packed, 6, 16, 12, 32, 0, par);
+                assert_eq!(
+                    run(&p, &pool, &x, m, &w, Some(&bias)),
+                    want,
+                    "k={k} m={m} n={n} {par:?}"
+                );
+            }
+        }
+    }
+}
+
 /// Against the f64 reference of the reference dequantization.
 #[test]
 fn close_to_f64_reference() {

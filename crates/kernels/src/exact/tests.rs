@@ -196,7 +196,10 @@ proptest! {
         m in 1usize..23, n in 1usize..50, kb in 1usize..7, odd in 0usize..8, d in 0usize..6,
         mr in 1usize..8, mc in 1usize..20, nc in 1usize..40, kcb in 0usize..4, units in 1usize..4,
     ) {
-        prop_assume!(outer::available());
+        // (Under `TESSERA_ISA=generic` the planner never proposes the tile; nothing to run.)
+        if !outer::available() {
+            return Ok(());
+        }
         let dtype = DTYPES[d];
         let k = k_for(dtype, kb, odd);
         let w = weight(dtype, n, k, (n * 29 + k) as u64, 1 + d % 3);

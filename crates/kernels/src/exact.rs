@@ -253,8 +253,11 @@ fn stream_tile(
 
 pub(crate) mod outer;
 pub(crate) mod packed;
+mod panel_pack;
 pub(crate) mod records;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_outer;
 #[cfg(test)]
 mod tests_records;

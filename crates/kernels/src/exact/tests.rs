@@ -13,7 +13,7 @@ use crate::gemm::execute;
 use crate::plan::{F32Kernel, KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision};
 use crate::planner::{Planner, ShapeKey};
 
-const DTYPES: [DType; 6] = [
+pub(super) const DTYPES: [DType; 6] = [
     DType::F32,
     DType::F16,
     DType::BF16,
@@ -22,7 +22,7 @@ const DTYPES: [DType; 6] = [
     DType::Q4_1,
 ];
 
-fn weight(dtype: DType, n: usize, k: usize, seed: u64, parts: usize) -> GemmWeight {
+pub(super) fn weight(dtype: DType, n: usize, k: usize, seed: u64, parts: usize) -> GemmWeight {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // Stacked parts (as fused q/k/v), so rows come from several tensors.
     let sizes: Vec<usize> = (0..parts)
@@ -49,7 +49,7 @@ pub(super) fn acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
     (0..m * k).map(|_| rng.gen_range(-2.0..2.0)).collect()
 }
 
-fn k_for(dtype: DType, units: usize, odd: usize) -> usize {
+pub(super) fn k_for(dtype: DType, units: usize, odd: usize) -> usize {
     if dtype.is_quantized() {
         units * 32
     } else {
@@ -189,34 +189,6 @@ proptest! {
         }
     }
 
-    /// The outer-product form (`nr = 16`, `outer`): bitwise the reference over awkward
-    /// shapes, partial tiles and strips, K tails, K blocks, bias and every split.
-    #[test]
-    fn outer_equals_panel_bitwise(
-        m in 1usize..23, n in 1usize..50, kb in 1usize..7, odd in 0usize..8, d in 0usize..6,
-        mr in 1usize..8, mc in 1usize..20, nc in 1usize..40, kcb in 0usize..4, units in 1usize..4,
-    ) {
-        // (Under `TESSERA_ISA=generic` the planner never proposes the tile; nothing to run.)
-        if !outer::available() {
-            return Ok(());
-        }
-        let dtype = DTYPES[d];
-        let k = k_for(dtype, kb, odd);
-        let w = weight(dtype, n, k, (n * 29 + k) as u64, 1 + d % 3);
-        let x = acts(m, k, (m * 5 + d) as u64);
-        let bias = acts(1, n, 3);
-        let pool = ThreadPool::new(units);
-        let want = reference(&pool, &x, m, &w, Some(&bias));
-        let kc = if kcb == 0 { 0 } else { 32 * kcb };
-        for par in [(1, units), (units.min(m), 1), (2.min(m), 2)] {
-            if par.0 * par.1 > units {
-                continue;
-            }
-            let p = plan(F32Kernel::Packed, mr, 16, mc, nc, kc, par);
-            prop_assert_eq!(run(&p, &pool, &x, m, &w, Some(&bias)), want.clone(), "{} {}x16 mc={} nc={} kc={} {:?}", dtype, mr, mc, nc, kc, par);
-        }
-    }
-
     /// A row's result is the same at M = 1 (stream kernel) and inside a batch (packed).
     #[test]
     fn stream_and_packed_rows_agree(m in 2usize..40, n in 1usize..25, kb in 1usize..5, d in 0usize..6, pick in 0usize..1000) {
@@ -229,32 +201,6 @@ proptest! {
         let all = run(&plan(F32Kernel::Packed, 3, 4, 16, 8, 32, (1, 2)), &pool, &x, m, &w, None);
         let one = run(&plan(F32Kernel::Stream, 1, 8, 1, 16, k, (1, 2)), &pool, &x[row * k..(row + 1) * k], 1, &w, None);
         prop_assert_eq!(&all[row * n..(row + 1) * n], &one[..]);
-    }
-}
-
-/// The outer-product tile at K below and just past one chunk of 8 (no lane steps, or one
-/// and a tail), which the proptests' K (32 and up) does not reach.
-#[test]
-fn outer_at_tiny_k_equals_panel_bitwise() {
-    if !outer::available() {
-        return;
-    }
-    let pool = ThreadPool::new(2);
-    for k in [1, 2, 5, 7, 8, 9, 15] {
-        for (m, n) in [(1, 1), (7, 20), (13, 33)] {
-            let w = weight(DType::F32, n, k, (k * 7 + n) as u64, 1);
-            let x = acts(m, k, k as u64);
-            let bias = acts(1, n, 4);
-            let want = reference(&pool, &x, m, &w, Some(&bias));
-            for par in [(1, 2), (2.min(m), 1)] {
-                let p = plan(F32Kernel::Packed, 6, 16, 12, 32, 0, par);
-                assert_eq!(
-                    run(&p, &pool, &x, m, &w, Some(&bias)),
-                    want,
-                    "k={k} m={m} n={n} {par:?}"
-                );
-            }
-        }
     }
 }
 
@@ -579,45 +525,4 @@ fn time_macro_tile() {
             );
         }
     }
-}
-
-/// The outer-product lane tile alone (`--ignored --nocapture time_outer_tile`): one lane of a
-/// 6 × 16 block over `TESSERA_STEPS` chunks (default 72, K = 576), its activations and
-/// weights in L1, against the FMA peak of 12 FMAs a step.
-#[cfg(target_arch = "x86_64")]
-#[test]
-#[ignore]
-fn time_outer_tile() {
-    if !outer::available() {
-        return;
-    }
-    let steps: usize = std::env::var("TESSERA_STEPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(72);
-    let a = acts(steps, 6, 1);
-    let b = acts(steps, 16, 2);
-    let mut sums = vec![0f32; 96];
-    let calls = 200_000_000 / (steps * 12 * 16);
-    for _ in 0..5 {
-        let t = std::time::Instant::now();
-        for _ in 0..calls {
-            // SAFETY: AVX2+FMA (`available`); a holds 6 · steps, b 16 · steps, sums 96.
-            unsafe {
-                crate::x86::avx2_outer::lane_tile::<6>(
-                    a.as_ptr(),
-                    b.as_ptr(),
-                    steps,
-                    sums.as_mut_ptr(),
-                    true,
-                )
-            };
-        }
-        let s = t.elapsed().as_secs_f64();
-        println!(
-            "lane_tile 6x16, {steps} steps: {:.1} GFLOP/s",
-            (calls * steps * 12 * 16) as f64 / s / 1e9
-        );
-    }
-    std::hint::black_box(&sums);
 }

@@ -223,7 +223,7 @@ pub fn predict_us(
         (KernelFamily::F32Dot, F32Kernel::Stream) => predict_stream_us(p, plan, m, k, n, dtype),
         (KernelFamily::F32Dot, F32Kernel::Packed)
             if crate::exact::packed_tile_for(plan.tile.mr, plan.tile.nr).1
-                == crate::exact::OUTER_STRIP =>
+                >= crate::exact::OUTER_STRIP =>
         {
             predict_outer_us(p, plan, m, k, n, dtype)
         }

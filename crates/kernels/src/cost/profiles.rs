@@ -46,6 +46,12 @@ impl MachineProfile {
             ("f32packed16", 6, 4, 107.8),
             ("f32packed16", 4, 4, 100.2),
             ("f32packed16", 8, 2, 86.8),
+            // The outer-product tile at AVX-512 width (`x86::avx512_outer`), measured on
+            // an Emerald Rapids Xeon (one-unit peak 170): 150-170 alone on L1 data
+            // (`time_outer_tile`), whole products level with the 6 × 4 macro tile
+            // (`time_exact_kernels`, interleaved); the rate fits those with the packing,
+            // finish and activation traffic costed apart (`predict_outer_us`).
+            ("f32packed16", 12, 32, 105.0),
             ("q8x8", 1, 8, 89.7),
             ("q8x8", 2, 8, 101.6),
             ("q8x8", 3, 8, 94.6),

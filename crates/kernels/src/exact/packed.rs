@@ -24,10 +24,11 @@ thread_local! {
 }
 
 /// The packed kernel's tile for a requested one: `nr` in 2..=4, `mr` in 1..=4, or up to 8
-/// for an even `nr` where the AVX-512 tile runs (`x86::avx512_packed`).
+/// for an even `nr` where the AVX-512 tile runs (`x86::avx512_packed`); from `nr = 16` the
+/// outer-product tile (`super::outer`), as wide as this machine runs it.
 pub fn packed_tile_for(mr: usize, nr: usize) -> (usize, usize) {
     if nr >= super::outer::STRIP && super::outer::available() {
-        return (mr.clamp(1, super::outer::MAX_MR), super::outer::STRIP);
+        return (mr.clamp(1, super::outer::max_mr()), super::outer::strip());
     }
     let nr = nr.clamp(2, 4);
     (mr.clamp(1, if wide(nr) { 8 } else { 4 }), nr)
@@ -41,7 +42,8 @@ fn wide(nr: usize) -> bool {
 /// Register tiles of the packed kernel the planner proposes.
 pub fn packed_tiles() -> &'static [(usize, usize)] {
     if crate::isa::avx512_exact() {
-        &[(8, 4), (6, 4), (4, 4), (8, 2)]
+        // The macro tiles, and the outer-product tile at AVX-512 width.
+        &[(8, 4), (6, 4), (4, 4), (8, 2), (12, 32)]
     } else if super::outer::available() {
         // The macro tiles, and the outer-product tile (`super::outer`).
         &[(3, 4), (2, 4), (4, 3), (4, 2), (6, 16)]
@@ -80,7 +82,7 @@ pub(crate) fn packed_range(
     out: DisjointMut<f32>,
 ) {
     let (mr, nr) = packed_tile_for(plan.tile.mr, plan.tile.nr);
-    if nr == super::outer::STRIP {
+    if nr >= super::outer::STRIP {
         return super::outer::outer_range(plan, x, k, n, w, bias, rows, cols, out);
     }
     let kc = packed_kc(plan.tile.kc, k);

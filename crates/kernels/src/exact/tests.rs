@@ -341,15 +341,18 @@ fn time_exact_kernels() {
         let mut plans = vec![planner.plan(&key)];
         let extra = std::env::var("TESSERA_PLANS").unwrap_or_default();
         for e in extra.split(';').filter(|e| !e.is_empty()) {
-            // kernel,mr,nr,mc,nc,kc
+            // kernel,mr,nr,mc,nc,kc[,m] (`m`: split over M instead of N)
             let v: Vec<&str> = e.split(',').collect();
+            let split_m = v.len() > 6 && v[6] == "m";
+            let v = &v[..6];
             let kernel = match v[0] {
                 "stream" => F32Kernel::Stream,
                 "packed" => F32Kernel::Packed,
                 _ => F32Kernel::Panel,
             };
             let u: Vec<usize> = v[1..].iter().map(|x| x.parse().unwrap()).collect();
-            plans.push(plan(kernel, u[0], u[1], u[2], u[3], u[4], (1, units)));
+            let par = if split_m { (units, 1) } else { (1, units) };
+            plans.push(plan(kernel, u[0], u[1], u[2], u[3], u[4], par));
         }
         // Interleaved rounds (each plan once per round), so a noisy neighbour hits all alike.
         let mut times = vec![vec![]; plans.len()];

@@ -87,16 +87,16 @@ pub unsafe fn lane_tiles<const MR: usize>(
     }
 }
 
-/// Finishes `rows` rows of a 16-column strip: for row `r`, lane `l`'s sums are at
-/// `lanes + (l · rows + r) · 16` (`[lane][row][16]`); each element gets the canonical tree
-/// over its eight lanes, then its `tail` products fused in order (`x_tail[r][t]` times
-/// `w_tail[t · 16 + col]`), then the bias, and its first `cols` values are stored at
-/// `out[r] + out_off` (masked when `cols < 16`).
+/// Finishes `rows` rows of a `width`-column strip (16, or 32 for the AVX-512 tile): for row
+/// `r`, lane `l`'s sums are at `lanes + (l · rows + r) · width` (`[lane][row][width]`); each
+/// element gets the canonical tree over its eight lanes, then its `tail` products fused in
+/// order (`x_tail[r][t]` times `w_tail[t · width + col]`), then the bias, and its first
+/// `cols` values are stored at `out[r] + out_off` (masked past `cols`).
 ///
 /// # Safety
-/// AVX2+FMA; `lanes` valid for `8 · rows · 16` reads; `x_tail[r]` (r < rows) for `tail`
-/// reads; `w_tail` for `tail · 16`; `bias` null or valid for `cols` reads; `out[r] + out_off`
-/// for `cols` writes; `1 ≤ cols ≤ 16`, `rows ≤ 6`.
+/// AVX2+FMA; `width` a multiple of 8; `lanes` valid for `8 · rows · width` reads;
+/// `x_tail[r]` (r < rows) for `tail` reads; `w_tail` for `tail · width`; `bias` null or
+/// valid for `cols` reads; `out[r] + out_off` for `cols` writes; `1 ≤ cols ≤ width`.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn finish_rows(
@@ -109,9 +109,10 @@ pub unsafe fn finish_rows(
     out: &[*mut f32],
     out_off: usize,
     cols: usize,
+    width: usize,
 ) {
-    debug_assert!((1..=16).contains(&cols) && rows <= x_tail.len() && rows <= out.len());
-    for half in 0..2 {
+    debug_assert!((1..=width).contains(&cols) && rows <= x_tail.len() && rows <= out.len());
+    for half in 0..width / 8 {
         let col0 = 8 * half;
         if col0 >= cols {
             break;
@@ -128,7 +129,7 @@ pub unsafe fn finish_rows(
             Some(_mm256_maskload_ps(bias.add(col0), mask))
         };
         for r in 0..rows {
-            let l = |i: usize| _mm256_loadu_ps(lanes.add((i * rows + r) * 16 + col0));
+            let l = |i: usize| _mm256_loadu_ps(lanes.add((i * rows + r) * width + col0));
             // The canonical tree (`generic::reduce_lanes`): lane i + lane i + 4, then
             // (0, 2) and (1, 3), then the two.
             let h0 = _mm256_add_ps(l(0), l(4));
@@ -138,7 +139,7 @@ pub unsafe fn finish_rows(
             let mut s = _mm256_add_ps(_mm256_add_ps(h0, h2), _mm256_add_ps(h1, h3));
             for t in 0..tail {
                 let x = _mm256_broadcast_ss(&*x_tail[r].add(t));
-                s = _mm256_fmadd_ps(x, _mm256_loadu_ps(w_tail.add(16 * t + col0)), s);
+                s = _mm256_fmadd_ps(x, _mm256_loadu_ps(w_tail.add(width * t + col0)), s);
             }
             if let Some(b) = bv {
                 s = _mm256_add_ps(s, b);
@@ -186,22 +187,28 @@ fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
 }
 
 /// Transposes `steps` chunks of 16 weight rows into a strip's lane-major layout: chunk `c`
-/// of row `j` is the 8 values at `src[j / 4] + (4 · c + j % 4) · 8` (the `[step][4][8]`
-/// panels of four 4-row groups); lane `l` of it goes to `dst + (l · steps + c) · 16 + j`.
+/// of row `j` is the 8 values at `src[j] + c · stride` (`stride` 8 for rows as stored, 32
+/// for the `[step][4][8]` panels of 4-row groups); lane `l` of it goes to
+/// `dst + (l · steps + c) · width + j` (a strip `width` rows wide holds these 16 at `dst`).
 ///
 /// # Safety
-/// AVX2; each `src[g]` valid for `steps · 32` reads, `dst` for `8 · steps · 16` writes.
+/// AVX2; each `src[j]` valid for `(steps − 1) · stride + 8` reads, `dst` for
+/// `8 · steps · width` writes (`width ≥ 16`).
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn transpose_strip(src: [*const f32; 4], steps: usize, dst: *mut f32) {
+pub unsafe fn transpose_strip(
+    src: [*const f32; 16],
+    stride: usize,
+    steps: usize,
+    dst: *mut f32,
+    width: usize,
+) {
     for c in 0..steps {
         for half in 0..2 {
-            let rows: [__m256; 8] = std::array::from_fn(|j| {
-                let j = 8 * half + j;
-                _mm256_loadu_ps(src[j / 4].add((4 * c + j % 4) * 8))
-            });
+            let rows: [__m256; 8] =
+                std::array::from_fn(|j| _mm256_loadu_ps(src[8 * half + j].add(c * stride)));
             let lanes = transpose8(rows);
             for (l, v) in lanes.iter().enumerate() {
-                _mm256_storeu_ps(dst.add((l * steps + c) * 16 + 8 * half), *v);
+                _mm256_storeu_ps(dst.add((l * steps + c) * width + 8 * half), *v);
             }
         }
     }
@@ -209,13 +216,26 @@ pub unsafe fn transpose_strip(src: [*const f32; 4], steps: usize, dst: *mut f32)
 
 /// Transposes `steps` chunks of `mi ≤ 8` activation rows (`rows[r]`, chunk `c` at
 /// `rows[r] + 8 · c`) into the lane-major tile layout: lane `l` of chunk `c` of row `r` goes
-/// to `dst[l] + c · mi + r`.
+/// to `dst[l] + c · stride + r` (`stride ≥ mi`: the tile's height, when these rows are part
+/// of it).
+///
+/// A chunk is stored with 8 plain values while they stay inside the `room` values from
+/// `dst[l]`, the values past row `mi` landing where a later chunk, or a later call for the
+/// tile's lower rows, writes its own; so a tile of more than 8 rows is transposed from its
+/// last rows to its first.
 ///
 /// # Safety
-/// AVX2; `1 ≤ mi ≤ 8`; `rows[r]` (r < mi) valid for `8 · steps` reads; each `dst[l]` for
-/// `steps · mi` writes (a chunk writes 8 values only while they stay inside those).
+/// AVX2; `1 ≤ mi ≤ 8`, `mi ≤ stride`; `rows[r]` (r < mi) valid for `8 · steps` reads; each
+/// `dst[l]` for `room ≥ (steps − 1) · stride + mi` writes.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn transpose_tile(rows: [*const f32; 8], mi: usize, steps: usize, dst: [*mut f32; 8]) {
+pub unsafe fn transpose_tile(
+    rows: [*const f32; 8],
+    mi: usize,
+    steps: usize,
+    stride: usize,
+    dst: [*mut f32; 8],
+    room: usize,
+) {
     let mask = _mm256_cmpgt_epi32(
         _mm256_set1_epi32(mi as i32),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
@@ -229,15 +249,15 @@ pub unsafe fn transpose_tile(rows: [*const f32; 8], mi: usize, steps: usize, dst
             }
         });
         let lanes = transpose8(r);
-        if c * mi + 8 <= steps * mi {
-            // Values past `mi` land inside the tile, where later chunks write theirs (a
-            // masked store is slow on Zen3).
+        if c * stride + 8 <= room {
+            // Values past `mi` land inside the tile, where later chunks or calls write
+            // theirs (a masked store is slow on Zen3).
             for (l, v) in lanes.iter().enumerate() {
-                _mm256_storeu_ps(dst[l].add(c * mi), *v);
+                _mm256_storeu_ps(dst[l].add(c * stride), *v);
             }
         } else {
             for (l, v) in lanes.iter().enumerate() {
-                _mm256_maskstore_ps(dst[l].add(c * mi), mask, *v);
+                _mm256_maskstore_ps(dst[l].add(c * stride), mask, *v);
             }
         }
     }

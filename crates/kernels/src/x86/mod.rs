@@ -9,5 +9,6 @@ pub mod avx2_packed;
 pub mod avx2_q8;
 pub mod avx2_records;
 pub mod avx512_exact;
+pub mod avx512_outer;
 pub mod avx512_packed;
 pub mod lora_avx2;

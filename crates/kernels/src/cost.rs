@@ -369,6 +369,13 @@ fn predict_packed_us(
     mem_ns = mem_ns.max(a_bytes / a_bw + b_ns);
     let tiles = tiles_m * (nn / nr as f64);
     let mut extra_ns = nn * kf / p.dequant_elems_per_ns;
+    if panel_bytes > half_l2 {
+        // A panel past L2 makes a round trip through L3 that nothing overlaps: it is written
+        // while the weights stream in, then read back by the first tile row. At small M that
+        // is most of the call (Emerald Rapids, M = 8-16, K = 1536: `nc` = 256, a 1.5 MB
+        // panel, ran 0.7-0.8x of `nc` = 32-128).
+        extra_ns += 2.0 * nn * kf * 4.0 / l3_bw;
+    }
     if (k * 4).is_multiple_of(4096) {
         // The activation tiles are packed once per call (rows would alias in L1).
         extra_ns += rows as f64 * kf / (p.dequant_elems_per_ns * 0.5);

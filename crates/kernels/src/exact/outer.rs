@@ -227,8 +227,8 @@ fn pack_x_lanes(x: &[f32], k: usize, rows: Range<usize>, mr: usize, dst: &mut [f
         {
             // At most 8 rows per transpose, the tile's last rows first (their 8-value
             // stores spill into the next chunk's first rows, which the next call writes).
-            let mut r0 = if mi > 8 { 8 } else { 0 };
-            loop {
+            let parts: &[usize] = if mi > 8 { &[8, 0] } else { &[0] };
+            for &r0 in parts {
                 let rn = (mi - r0).min(8);
                 let src: [*const f32; 8] =
                     std::array::from_fn(|r| x[(i + r0 + r.min(rn - 1)) * k..].as_ptr());
@@ -250,10 +250,6 @@ fn pack_x_lanes(x: &[f32], k: usize, rows: Range<usize>, mr: usize, dst: &mut [f
                         steps * mi - r0,
                     )
                 };
-                if r0 == 0 {
-                    break;
-                }
-                r0 = 0;
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -349,9 +345,11 @@ fn pack_strip_f32(w: &GemmWeight, r0: usize, live: usize, k: usize, sw: usize, d
     let (steps, tail) = (k / LANES, k % LANES);
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
-        // A zero row stands in for the rows past `live`.
+        // A zero row stands in for the rows past `live` (a strip's last, partial one).
         grow(&mut g, k);
-        g[..k].fill(0.0);
+        if live < sw {
+            g[..k].fill(0.0);
+        }
         let zero = g.as_ptr();
         // Row j's K values (unaligned: stored rows are read with unaligned loads only).
         let row = |j: usize| -> *const f32 {

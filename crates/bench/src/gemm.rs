@@ -1,9 +1,11 @@
 //! The GEMM sweep: the planner's choice against the oracle (best measured of the top
 //! candidates), the best single fixed strategy, and OpenBLAS, over real model shapes.
 
+mod cold;
 mod report;
 mod strategies;
 
+pub use cold::{Cold, COLD_MAX_M};
 pub use report::{
     assign_best_fixed, bandwidth_bound_gflops, dtype_name, plan_short, summarize, Machine, Row,
     Summary,
@@ -30,7 +32,7 @@ use tessera_kernels::planner::ShapeKey;
 use tessera_runtime::ThreadPool;
 
 use crate::openblas::{OpenBlas, INSTALL_HINT};
-use crate::stats::{gflops, median, time_interleaved, Repeat};
+use crate::stats::{gflops, time_interleaved, Repeat};
 
 /// Interleaved timing rounds per row (`stats::time_interleaved`).
 const ROUNDS: usize = 3;
@@ -58,9 +60,6 @@ pub struct GemmConfig {
     /// Also time the planned plan with the weights coming from DRAM, for M <= [`COLD_MAX_M`].
     pub cold: bool,
 }
-
-/// The largest M measured cold (where the weights' streaming bounds the product).
-pub const COLD_MAX_M: usize = 4;
 
 /// The bytes of a random `[n, k]` weight of `dtype` (uniform in [-1, 1) before
 /// quantization), with its f32 values kept for an f32 weight (OpenBLAS reads them).
@@ -103,50 +102,6 @@ fn random_weight(
 ) -> Result<(GemmWeight, Option<Vec<f32>>)> {
     let (bytes, values) = random_weight_bytes(dtype, n, k, seed);
     Ok((weight_of(&bytes, dtype, n, k, repack)?, values))
-}
-
-/// Bytes the cold copies of a weight fill together: twice the last-level cache, at least
-/// 256 MiB and at most 3 GiB.
-fn cold_bytes() -> usize {
-    (2 * calibrate::last_level_cache_bytes()).clamp(256 << 20, 3 << 30)
-}
-
-/// Copies of a weight that together exceed [`cold_bytes`] (at most 16,384 of them).
-fn cold_copies(
-    bytes: &[u8],
-    dtype: DType,
-    n: usize,
-    k: usize,
-    repack: bool,
-) -> Result<Vec<GemmWeight>> {
-    let count = cold_bytes().div_ceil(bytes.len().max(1)).clamp(2, 16_384);
-    (0..count)
-        .map(|_| weight_of(bytes, dtype, n, k, repack))
-        .collect()
-}
-
-/// GFLOP/s of `plan` run once over each of `copies` in turn (so every run reads its weight
-/// from DRAM, not from a cache the previous run warmed): the median of three passes.
-fn cold_gflops(
-    pool: &ThreadPool,
-    plan: &Plan,
-    x: &[f32],
-    m: usize,
-    k: usize,
-    n: usize,
-    copies: &[GemmWeight],
-    out: &mut [f32],
-) -> f64 {
-    let mut pass = || {
-        let t = std::time::Instant::now();
-        for w in copies {
-            execute(pool, plan, x, m, w, None, out);
-        }
-        t.elapsed().as_secs_f64() / copies.len() as f64
-    };
-    pass(); // warm the code and the pool, evict the cache
-    let times: Vec<f64> = (0..3).map(|_| pass()).collect();
-    gflops(m, k, n, median(&times))
 }
 
 /// Measures the machine figures the report is relative to.
@@ -252,7 +207,7 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                 let w = weight_of(&bytes, dtype, n, k, repack)?;
                 let copies = if cfg.cold && ms.iter().any(|&m| m <= COLD_MAX_M) {
                     pb.set_message(format!("{}: cold copies of {k}x{n}", dtype_name(dtype)));
-                    cold_copies(&bytes, dtype, n, k, repack)?
+                    cold::cold_copies(bytes.len(), || weight_of(&bytes, dtype, n, k, repack))?
                 } else {
                     Vec::new()
                 };
@@ -353,8 +308,8 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                         .map(|&i| gflops(m, k, n, times[i]))
                         .collect();
                     let gflops_openblas = blas_row.map(|_| gflops(m, k, n, times[plans.len()]));
-                    let gflops_cold = (!copies.is_empty() && m <= COLD_MAX_M)
-                        .then(|| cold_gflops(&pool, &planned, xs, m, k, n, &copies, cs));
+                    let cold = (!copies.is_empty() && m <= COLD_MAX_M)
+                        .then(|| cold::measure_cold(&pool, &planned, xs, m, k, n, &copies, cs));
                     rows.push(Row {
                         m,
                         k,
@@ -368,7 +323,7 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                         gflops_fixed: f64::NAN,
                         fixed_name: String::new(),
                         gflops_openblas,
-                        gflops_cold,
+                        cold,
                     });
                     pb.inc(1);
                 }

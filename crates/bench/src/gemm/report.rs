@@ -8,6 +8,7 @@ use tessera_core::DType;
 use tessera_kernels::cost::bytes_per_weight;
 use tessera_kernels::plan::{F32Kernel, KernelFamily, ParallelSplit, Plan, Precision};
 
+use super::cold::Cold;
 use super::strategies::FixedStrategy;
 use crate::stats::{best_by_geomean, geomean, gflops};
 
@@ -72,8 +73,9 @@ pub struct Row {
     pub fixed_name: String,
     pub gflops_openblas: Option<f64>,
     /// The planned plan with its weight read from DRAM (copies that together exceed the
-    /// last-level cache, run in turn); measured for M ≤ 4 unless `--no-cold`.
-    pub gflops_cold: Option<f64>,
+    /// last-level cache, run in turn), and a plain read of the same bytes beside it;
+    /// measured for M ≤ 4 unless `--no-cold`.
+    pub cold: Option<Cold>,
 }
 
 impl Row {
@@ -81,12 +83,20 @@ impl Row {
         (mach.peak_gflops > 0.0).then(|| self.gflops_planned / mach.peak_gflops)
     }
     /// Planned throughput as a fraction of the weight-streaming bound (M ≤ 4 only): the cold
-    /// measurement where there is one (a warm one above 1 means the weight came from cache).
+    /// measurement against the read of the same bytes measured beside it where there is one;
+    /// else the warm one against the sweep's DRAM figure (above 1 when the weight came from
+    /// cache).
     pub fn frac_bw(&self, mach: &Machine) -> Option<f64> {
-        (self.m <= 4 && mach.dram_gbs > 0.0).then(|| {
-            self.gflops_cold.unwrap_or(self.gflops_planned)
-                / bandwidth_bound_gflops(self.m, self.k, self.n, self.dtype, mach.dram_gbs)
-        })
+        if self.m > 4 {
+            return None;
+        }
+        match self.cold {
+            Some(c) => Some(c.frac_bound()),
+            None => (mach.dram_gbs > 0.0).then(|| {
+                self.gflops_planned
+                    / bandwidth_bound_gflops(self.m, self.k, self.n, self.dtype, mach.dram_gbs)
+            }),
+        }
     }
 
     pub fn to_json(&self, mach: &Machine) -> Value {
@@ -102,7 +112,9 @@ impl Row {
             "gflops_oracle": self.gflops_oracle,
             "gflops_fixed": self.gflops_fixed,
             "gflops_openblas": self.gflops_openblas,
-            "gflops_cold": self.gflops_cold,
+            "gflops_cold": self.cold.map(|c| c.gflops),
+            "read_gbs_cold": self.cold.map(|c| c.read_gbs),
+            "gflops_bound_cold": self.cold.map(|c| c.bound_gflops),
             "planned_over_oracle": self.gflops_planned / self.gflops_oracle,
             "planned_over_fixed": self.gflops_planned / self.gflops_fixed,
             "frac_peak": self.frac_peak(mach),
@@ -286,7 +298,7 @@ fn fmt_opt(x: Option<f64>, digits: usize) -> String {
 
 pub(crate) fn header() -> String {
     format!(
-        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5} {:>5} {:>5}",
+        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5} {:>5} {:>5} {:>5}",
         "M",
         "K",
         "N",
@@ -298,6 +310,7 @@ pub(crate) fn header() -> String {
         "fixed",
         "openblas",
         "cold",
+        "read",
         "p/o",
         "p/f",
         "peak",
@@ -307,7 +320,7 @@ pub(crate) fn header() -> String {
 
 pub(crate) fn row_line(r: &Row, mach: &Machine) -> String {
     format!(
-        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8.1} {:>8.1} {:>8.1} {:>8} {:>6} {:>5.2} {:>5.2} {:>5} {:>5}",
+        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8.1} {:>8.1} {:>8.1} {:>8} {:>6} {:>5} {:>5.2} {:>5.2} {:>5} {:>5}",
         r.m,
         r.k,
         r.n,
@@ -322,7 +335,8 @@ pub(crate) fn row_line(r: &Row, mach: &Machine) -> String {
         r.gflops_oracle,
         r.gflops_fixed,
         fmt_opt(r.gflops_openblas, 1),
-        fmt_opt(r.gflops_cold, 1),
+        fmt_opt(r.cold.map(|c| c.gflops), 1),
+        fmt_opt(r.cold.map(|c| c.read_gbs), 1),
         r.gflops_planned / r.gflops_oracle,
         r.gflops_planned / r.gflops_fixed,
         fmt_opt(r.frac_peak(mach), 2),
@@ -351,7 +365,7 @@ mod tests {
             gflops_fixed: f64::NAN,
             fixed_name: String::new(),
             gflops_openblas: None,
-            gflops_cold: None,
+            cold: None,
         }
     }
 
@@ -407,6 +421,31 @@ mod tests {
         }
         assert!(j["gflops_openblas"].is_null());
         assert_eq!(j["dtype"], "q4_1");
+    }
+
+    #[test]
+    fn a_cold_row_is_held_to_the_read_beside_it() {
+        let mach = Machine {
+            peak_gflops: 100.0,
+            dram_gbs: 10.0,
+            dispatch_us: 1.0,
+        };
+        let mut r = row(1, DType::Q8_0, 30.0, 30.0, vec![30.0]);
+        let warm = r.frac_bw(&mach).unwrap();
+        let bound = bandwidth_bound_gflops(1, 64, 64, DType::Q8_0, 10.0);
+        assert!((warm - 30.0 / bound).abs() < 1e-12);
+        r.cold = Some(Cold {
+            gflops: 12.0,
+            read_gbs: 14.0,
+            bound_gflops: 16.0,
+        });
+        assert_eq!(r.frac_bw(&mach), Some(0.75));
+        assert!(row_line(&r, &mach).contains(" 14.0 "));
+        assert_eq!(r.to_json(&mach)["read_gbs_cold"], 14.0);
+        assert_eq!(
+            row(8, DType::Q8_0, 1.0, 1.0, vec![1.0]).frac_bw(&mach),
+            None
+        );
     }
 
     #[test]

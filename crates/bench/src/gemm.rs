@@ -317,6 +317,7 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                         dtype,
                         plan: planned,
                         gflops_planned: gflops(m, k, n, t_planned),
+                        gflops_planned_rounds: gflops(m, k, n, times[0]),
                         oracle_plan: oracle.0,
                         gflops_oracle: gflops(m, k, n, oracle.1),
                         fixed_each,

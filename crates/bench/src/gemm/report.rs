@@ -63,7 +63,12 @@ pub struct Row {
     pub n: usize,
     pub dtype: DType,
     pub plan: Plan,
+    /// The planned plan, from the same timing as [`Self::gflops_oracle`] (when the oracle is
+    /// another plan, both are timed afresh together).
     pub gflops_planned: f64,
+    /// The planned plan in the rounds that also timed the fixed strategies and OpenBLAS:
+    /// what the ratios against them use, so that each ratio compares runs of one spell.
+    pub gflops_planned_rounds: f64,
     pub oracle_plan: Plan,
     pub gflops_oracle: f64,
     /// GFLOP/s of each fixed strategy of the dtype's family, in [`fixed_strategies`] order.
@@ -79,6 +84,14 @@ pub struct Row {
 }
 
 impl Row {
+    /// Planned over the best fixed strategy, timed in the same rounds.
+    pub fn planned_over_fixed(&self) -> f64 {
+        self.gflops_planned_rounds / self.gflops_fixed
+    }
+    /// Planned over OpenBLAS, timed in the same rounds.
+    pub fn planned_over_openblas(&self) -> Option<f64> {
+        self.gflops_openblas.map(|o| self.gflops_planned_rounds / o)
+    }
     pub fn frac_peak(&self, mach: &Machine) -> Option<f64> {
         (mach.peak_gflops > 0.0).then(|| self.gflops_planned / mach.peak_gflops)
     }
@@ -109,6 +122,7 @@ impl Row {
             "oracle_plan": plan_short(&self.oracle_plan),
             "fixed_strategy": self.fixed_name,
             "gflops_planned": self.gflops_planned,
+            "gflops_planned_rounds": self.gflops_planned_rounds,
             "gflops_oracle": self.gflops_oracle,
             "gflops_fixed": self.gflops_fixed,
             "gflops_openblas": self.gflops_openblas,
@@ -116,7 +130,7 @@ impl Row {
             "read_gbs_cold": self.cold.map(|c| c.read_gbs),
             "gflops_bound_cold": self.cold.map(|c| c.bound_gflops),
             "planned_over_oracle": self.gflops_planned / self.gflops_oracle,
-            "planned_over_fixed": self.gflops_planned / self.gflops_fixed,
+            "planned_over_fixed": self.planned_over_fixed(),
             "frac_peak": self.frac_peak(mach),
             "frac_bw_bound": self.frac_bw(mach),
         })
@@ -185,10 +199,7 @@ pub fn summarize(rows: &[Row], mach: &Machine) -> Summary {
         .map(|r| r.gflops_planned / r.gflops_oracle)
         .collect();
     s.geomean_planned_over_oracle = some_finite(geomean(&po));
-    let pf: Vec<f64> = rows
-        .iter()
-        .map(|r| r.gflops_planned / r.gflops_fixed)
-        .collect();
+    let pf: Vec<f64> = rows.iter().map(|r| r.planned_over_fixed()).collect();
     s.geomean_planned_over_fixed = some_finite(geomean(&pf));
     let large: Vec<&Row> = rows
         .iter()
@@ -200,7 +211,7 @@ pub fn summarize(rows: &[Row], mach: &Machine) -> Summary {
     }
     let vs: Vec<f64> = large
         .iter()
-        .filter_map(|r| r.gflops_openblas.map(|o| r.gflops_planned / o))
+        .filter_map(|r| r.planned_over_openblas())
         .collect();
     if !vs.is_empty() {
         s.large_m_f32_over_openblas = some_finite(geomean(&vs));
@@ -338,7 +349,7 @@ pub(crate) fn row_line(r: &Row, mach: &Machine) -> String {
         fmt_opt(r.cold.map(|c| c.gflops), 1),
         fmt_opt(r.cold.map(|c| c.read_gbs), 1),
         r.gflops_planned / r.gflops_oracle,
-        r.gflops_planned / r.gflops_fixed,
+        r.planned_over_fixed(),
         fmt_opt(r.frac_peak(mach), 2),
         fmt_opt(r.frac_bw(mach), 2),
     )
@@ -359,6 +370,7 @@ mod tests {
             dtype,
             plan,
             gflops_planned: planned,
+            gflops_planned_rounds: planned,
             oracle_plan: plan,
             gflops_oracle: oracle,
             fixed_each: fixed,
@@ -400,6 +412,12 @@ mod tests {
         assert_eq!(min, 0.5);
         assert!(at.starts_with("m=1 "));
         assert!((s.geomean_planned_over_fixed.unwrap() - 2.0).abs() < 1e-12);
+        // Ratios against the fixed strategies and OpenBLAS use the planned plan's run in
+        // their rounds, not its re-timing beside the oracle.
+        let mut r = rows[1].clone();
+        r.gflops_planned = 40.0;
+        assert_eq!(r.planned_over_fixed(), 2.0);
+        assert_eq!(r.planned_over_openblas(), Some(0.5));
         assert_eq!(s.large_m_f32_frac_peak, Some(0.5));
         assert_eq!(s.large_m_f32_over_openblas, Some(0.5));
         // Q4_1: 0.625 bytes per weight → 64·64·0.625 B at 10 GB/s.

@@ -37,6 +37,12 @@ use crate::stats::{gflops, time_interleaved, Repeat};
 /// Interleaved timing rounds per row (`stats::time_interleaved`).
 const ROUNDS: usize = 3;
 
+/// Interleaved rounds of the two finalists' fresh timing when the oracle is another plan,
+/// each round as long as one of the first pass's: the comparison that decides the row gets
+/// more runs than the first pass gave each contender, so a swing of the host that lasts a
+/// round moves it less.
+const FINAL_ROUNDS: usize = 7;
+
 /// Milliseconds to wait after OpenBLAS runs: its idle threads spin for about 2^28 cycles
 /// (~0.1 s) before they sleep, and a plan timed while they spin loses a core (100 ms was
 /// not always enough).
@@ -290,9 +296,14 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                             || execute(&pool, pp, xs, m, &w, None, &mut cs.borrow_mut()),
                             || execute(&pool, po, xs, m, &w, None, &mut cs.borrow_mut()),
                         );
+                        let finals = Repeat {
+                            min_runs: cfg.repeat.min_runs,
+                            min_time: cfg.repeat.min_time * FINAL_ROUNDS as u32 / ROUNDS as u32,
+                            max_runs: cfg.repeat.max_runs * FINAL_ROUNDS / ROUNDS,
+                        };
                         let t = time_interleaved(
-                            &cfg.repeat,
-                            ROUNDS,
+                            &finals,
+                            FINAL_ROUNDS,
                             &mut [&mut a, &mut b],
                             &mut |_| {},
                         );

@@ -46,10 +46,29 @@ pub struct OpenBlas {
     _lib: Library,
 }
 
+/// OpenBLAS's environment variable for how long its idle threads spin before they sleep:
+/// 2^N cycles, N from 4 to 30, read once when the library loads.
+const THREAD_TIMEOUT_VAR: &str = "OPENBLAS_THREAD_TIMEOUT";
+
+/// Unless the user set it, the shortest spin (2^4 cycles), so OpenBLAS's threads sleep as
+/// soon as a call returns. With the default (2^28 cycles, ~0.1 s) the contender that `bench
+/// gemm` times right after OpenBLAS lost up to two thirds of its speed, even after a 300 ms
+/// pause (Emerald Rapids Xeon, 2 units: 512 × 576 × 576 f32 ran 58 GFLOP/s in those rounds
+/// against 143 when timed apart; with the short spin 139 against 134). OpenBLAS's own figures
+/// did not drop (192-201 GFLOP/s at M = 512, against 133-203 with the default).
+fn quiet_idle_threads() {
+    if std::env::var_os(THREAD_TIMEOUT_VAR).is_none() {
+        // Before the library loads (it reads the variable then); nothing else in the
+        // process reads the environment meanwhile.
+        std::env::set_var(THREAD_TIMEOUT_VAR, "4");
+    }
+}
+
 impl OpenBlas {
     /// Loads the first available library and sets its thread count; `None` if none loads or
     /// none has `cblas_sgemm`.
     pub fn load(threads: usize) -> Option<Self> {
+        quiet_idle_threads();
         for name in CANDIDATES {
             // SAFETY: loading a system BLAS runs its initialisers, which have no
             // preconditions on us.

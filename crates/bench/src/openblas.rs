@@ -52,7 +52,7 @@ const THREAD_TIMEOUT_VAR: &str = "OPENBLAS_THREAD_TIMEOUT";
 
 /// Unless the user set it, the shortest spin (2^4 cycles), so OpenBLAS's threads sleep as
 /// soon as a call returns. With the default (2^28 cycles, ~0.1 s) the contender that `bench
-/// gemm` times right after OpenBLAS lost up to two thirds of its speed, even after a 300 ms
+/// gemm` times right after OpenBLAS lost more than half of its speed, even after a 300 ms
 /// pause (Emerald Rapids Xeon, 2 units: 512 × 576 × 576 f32 ran 58 GFLOP/s in those rounds
 /// against 143 when timed apart; with the short spin 139 against 134). OpenBLAS's own figures
 /// did not drop (192-201 GFLOP/s at M = 512, against 133-203 with the default).

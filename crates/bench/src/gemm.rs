@@ -43,9 +43,9 @@ const ROUNDS: usize = 3;
 /// round moves it less.
 const FINAL_ROUNDS: usize = 7;
 
-/// Milliseconds to wait after OpenBLAS runs: its idle threads spin for about 2^28 cycles
-/// (~0.1 s) before they sleep, and a plan timed while they spin loses a core (100 ms was
-/// not always enough).
+/// Milliseconds to wait after OpenBLAS runs. `OpenBlas::load` sets its idle threads to sleep
+/// as soon as a call returns; this pause covers a user's own `OPENBLAS_THREAD_TIMEOUT`
+/// (the default, 2^28 cycles, was not always over even after 300 ms).
 const BLAS_QUIET_MS: u64 = 300;
 
 /// What the sweep runs.

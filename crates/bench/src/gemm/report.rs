@@ -8,7 +8,7 @@ use tessera_core::DType;
 use tessera_kernels::cost::bytes_per_weight;
 use tessera_kernels::plan::{F32Kernel, KernelFamily, ParallelSplit, Plan, Precision};
 
-use super::cold::Cold;
+use super::cold::{Cold, COLD_MAX_M};
 use super::strategies::FixedStrategy;
 use crate::stats::{best_by_geomean, geomean, gflops};
 
@@ -100,7 +100,7 @@ impl Row {
     /// else the warm one against the sweep's DRAM figure (above 1 when the weight came from
     /// cache).
     pub fn frac_bw(&self, mach: &Machine) -> Option<f64> {
-        if self.m > 4 {
+        if self.m > COLD_MAX_M {
             return None;
         }
         match self.cold {

@@ -11,6 +11,7 @@
 //! - [`gemm`]: executes a plan; [`matmul`]: plan-then-execute, what the model calls.
 //! - [`packed`], [`quant_acts`]: the integer-dot path's weight repack and 8-bit activations.
 //! - [`ops`], [`math`]: RMSNorm, SwiGLU, softmax, vector exp.
+//! - [`aligned`]: 64-byte-aligned scratch and record buffers (no split loads).
 //! - [`attn`]: flash-style tiled causal attention over paged f32 or f16 K/V (online
 //!   softmax); `x86::avx2_attn` is its AVX2 accumulator update and F16C conversion.
 //! - [`lora`]: batched multi-LoRA deltas (shrink then expand) over segments of rows;
@@ -24,6 +25,7 @@
 //! neither does the order depend on M, N, the plan, the thread count or the other rows, so
 //! every row's result is batch invariant.
 
+pub mod aligned;
 pub mod attn;
 pub mod calibrate;
 pub mod cost;

@@ -15,6 +15,8 @@
 use tessera_core::blocks::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 use tessera_core::{DType, WeightTensor};
 
+use crate::aligned::Aligned;
+
 pub const GROUP: usize = 8;
 
 #[derive(Debug, Clone)]
@@ -26,7 +28,9 @@ pub struct PackedWeight {
     pub groups: usize,
     pub blocks: usize,
     pub record_bytes: usize,
-    pub data: Vec<u8>,
+    /// The records, group-major then block: `(g · blocks + b) · record_bytes`; 64-byte
+    /// aligned so the kernels' 32-byte loads of a Q4_1 record never straddle lines.
+    pub data: Aligned<u8>,
 }
 
 /// Record layout offsets.
@@ -61,7 +65,7 @@ impl PackedWeight {
         };
         let groups = n.div_ceil(GROUP);
         let blocks = k / QK;
-        let mut data = vec![0u8; groups * blocks * record_bytes];
+        let mut data = Aligned::<u8>::zeroed(groups * blocks * record_bytes);
         let mut q = [[0u8; QK]; GROUP];
         for g in 0..groups {
             for b in 0..blocks {

@@ -22,6 +22,7 @@ use std::ops::Range;
 use tessera_runtime::DisjointMut;
 
 use super::packed::pack;
+use crate::aligned::AlignedF32;
 use crate::gemm::GemmWeight;
 use crate::isa::Isa;
 use crate::plan::Plan;
@@ -38,10 +39,10 @@ pub const MAX_MR_512: usize = 14;
 const LANES: usize = crate::generic::LANES;
 
 thread_local! {
-    static X_LANES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static STRIPS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static GROUP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static X_LANES: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
+    static STRIPS: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
+    static SUMS: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
+    static GROUP: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
     /// Per `mc` block: each row's output at the unit's first column, and its K tail.
     static ROWS: RefCell<(Vec<*mut f32>, Vec<*const f32>)> =
         const { RefCell::new((Vec::new(), Vec::new())) };
@@ -207,10 +208,8 @@ pub(crate) fn outer_range(
     });
 }
 
-fn grow(v: &mut Vec<f32>, len: usize) {
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
+fn grow(v: &mut AlignedF32, len: usize) {
+    v.grow(len);
 }
 
 /// Packs the chunked part of activation rows `rows` lane-major: `[lane][tile][step][mi]`,

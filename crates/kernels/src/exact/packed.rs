@@ -12,15 +12,16 @@ use tessera_runtime::DisjointMut;
 
 pub(crate) use super::panel_pack::pack;
 use super::write_row;
+use crate::aligned::AlignedF32;
 use crate::gemm::GemmWeight;
 use crate::generic::{self, LANES};
 use crate::isa::Isa;
 use crate::plan::Plan;
 
 thread_local! {
-    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static LANE_ACC: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    static X_TILES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static PANEL: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
+    static LANE_ACC: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
+    static X_TILES: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
 }
 
 /// The packed kernel's tile for a requested one: `nr` in 2..=4, `mr` in 1..=4, or up to 8
@@ -108,9 +109,7 @@ pub(crate) fn packed_range(
                 if pack_x {
                     // Every tile of the unit's rows packed once per call (tiles start at
                     // multiples of `mr` from `rows.start`, as the loops below take them).
-                    if xt.len() < rows.len() * k {
-                        xt.resize(rows.len() * k, 0.0);
-                    }
+                    xt.grow(rows.len() * k);
                     let mut i = rows.start;
                     while i < rows.end {
                         let mi = mr.min(rows.end - i).min(mc - (i - rows.start) % mc);
@@ -119,22 +118,17 @@ pub(crate) fn packed_range(
                         i += mi;
                     }
                 }
-                // 16 floats of slack so the panel can start on a 64-byte line: a register
-                // tile's 32-byte loads then never straddle two lines.
-                if panel.len() < nc * k + 16 {
-                    panel.resize(nc * k + 16, 0.0);
-                }
-                let align = panel.as_ptr().align_offset(64).min(16);
-                let panel = &mut panel[align..align + nc * k];
+                // The panel starts on a 64-byte line (`AlignedF32`): a register tile's
+                // 32-byte loads then never straddle two lines.
+                panel.grow(nc * k);
+                let panel = &mut panel[..nc * k];
                 // One lane slot per tile of an `mc` block and group when K is blocked, else one.
                 let need = if blocks_k > 1 {
                     mc.min(rows.len()).div_ceil(mr) * groups_max * slot
                 } else {
                     slot
                 };
-                if lanes.len() < need {
-                    lanes.resize(need, 0.0);
-                }
+                lanes.grow(need);
                 let mut n0 = cols.start;
                 while n0 < cols.end {
                     let ncb = nc.min(cols.end - n0);

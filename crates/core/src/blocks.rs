@@ -65,7 +65,7 @@ unsafe impl Block for BlockQ4_1 {}
 /// Views bytes as blocks. Returns `None` if the length is not a whole number of blocks.
 pub fn as_blocks<B: Block>(bytes: &[u8]) -> Option<&[B]> {
     let sz = std::mem::size_of::<B>();
-    if bytes.len() % sz != 0 {
+    if !bytes.len().is_multiple_of(sz) {
         return None;
     }
     // SAFETY: B has alignment 1 and no invalid bit patterns (the `Block` contract), and the

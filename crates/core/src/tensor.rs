@@ -192,8 +192,8 @@ impl WeightTensor {
         if self.shape.len() != 2
             || cols.end > self.cols()
             || cols.start > cols.end
-            || cols.start % bl != 0
-            || cols.end % bl != 0
+            || !cols.start.is_multiple_of(bl)
+            || !cols.end.is_multiple_of(bl)
         {
             return Err(Error::Other(format!(
                 "tensor {}: cannot take columns {cols:?} of shape {:?} ({} blocks of {bl})",

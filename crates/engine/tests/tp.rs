@@ -186,7 +186,7 @@ fn the_per_step_choice_and_the_timing_modes_change_no_result() {
             })
             .collect(),
     };
-    let mut run = |e: &mut Engine, policy: SubBatchPolicy| {
+    let run = |e: &mut Engine, policy: SubBatchPolicy| {
         e.sub_batching = policy;
         let mut kv = e.new_kv(KV_BLOCK_SIZE, blocks).unwrap();
         for mode in [StepMode::ComputeOnly, StepMode::CommOnly] {

@@ -93,13 +93,13 @@ impl ModelConfig {
         sane("n_kv_heads", self.n_kv_heads, 1024)?;
         sane("head_dim", self.head_dim, 1024)?;
         sane("max_position", self.max_position, 1 << 24)?;
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.rope_dim == 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim == 0 || self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return bad(format!(
                 "rope dimension {} must be even and at most head_dim {}",
                 self.rope_dim, self.head_dim

@@ -26,7 +26,7 @@ pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// Softmax in place; returns nothing, handles `-inf` entries.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let masked = x.iter().any(|v| *v == f32::NEG_INFINITY);
+    let masked = x.contains(&f32::NEG_INFINITY);
     for v in x.iter_mut() {
         *v -= max;
     }

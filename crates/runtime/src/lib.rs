@@ -33,25 +33,6 @@ pub fn split_range_aligned(
     (r.start * align).min(n)..(r.end * align).min(n)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn split_covers_exactly_once(n in 0usize..1000, units in 1usize..17, align in 1usize..9) {
-            let mut next = 0;
-            for u in 0..units {
-                let r = split_range_aligned(n, units, u, align);
-                prop_assert_eq!(r.start, next);
-                next = r.end;
-            }
-            prop_assert_eq!(next, n);
-        }
-    }
-}
-
 /// A mutable buffer shared by the units of one parallel operation, each unit touching only
 /// its own disjoint elements (rows, columns, blocks). It replaces a raw pointer per call
 /// site; the bounds are checked, the disjointness is the caller's promise.
@@ -102,5 +83,24 @@ impl<'a, T> DisjointMut<'a, T> {
     pub unsafe fn write(&self, i: usize, v: T) {
         assert!(i < self.len, "DisjointMut: {i} out of {}", self.len);
         self.ptr.add(i).write(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn split_covers_exactly_once(n in 0usize..1000, units in 1usize..17, align in 1usize..9) {
+            let mut next = 0;
+            for u in 0..units {
+                let r = split_range_aligned(n, units, u, align);
+                prop_assert_eq!(r.start, next);
+                next = r.end;
+            }
+            prop_assert_eq!(next, n);
+        }
     }
 }

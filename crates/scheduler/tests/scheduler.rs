@@ -258,9 +258,7 @@ fn abort_between_schedule_and_update_skips_the_entry() {
     let plan = s.schedule();
     s.abort(1);
     let sampled = [(1, 5), (2, 6)];
-    let done = s
-        .update(&plan, &StepResult::sampled(sampled.clone()))
-        .unwrap();
+    let done = s.update(&plan, &StepResult::sampled(sampled)).unwrap();
     assert!(done.is_empty());
     assert_eq!(s.generated(2).unwrap(), [6]);
     assert_eq!(s.generated(1).unwrap(), [] as [u32; 0]);

@@ -83,7 +83,7 @@ pub fn write(meta: &[(&str, MetaValue)], tensors: &[TensorSpec]) -> Vec<u8> {
         offsets.push(offset);
         offset += (t.data.len() as u64).div_ceil(32) * 32;
     }
-    while out.len() % 32 != 0 {
+    while !out.len().is_multiple_of(32) {
         out.push(0);
     }
     let base = out.len();

@@ -12,7 +12,7 @@
 //! Record sizes: Q4_0 144 B, Q4_1 160 B, Q8_0 272 B per 8 rows × 32 elements, the same bytes
 //! per weight as the original formats (plus the padding rows).
 
-use tessera_core::blocks::{as_blocks, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use tessera_core::blocks::{as_blocks, f16_bits_to_f32, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 use tessera_core::{DType, WeightTensor};
 
 use crate::aligned::Aligned;
@@ -31,6 +31,26 @@ pub struct PackedWeight {
     /// The records, group-major then block: `(g · blocks + b) · record_bytes`; 64-byte
     /// aligned so the kernels' 32-byte loads of a Q4_1 record never straddle lines.
     pub data: Aligned<u8>,
+    /// One bit per record (bit `i % 8` of byte `i / 8`, `i = g · blocks + b`): whether every
+    /// real row of the record meets [`magic_ok`], so the AVX-512 stream kernel may take its
+    /// magic-exponent path without checking the scales itself.
+    pub fast: Vec<u8>,
+}
+
+/// Whether a row's block scales allow the AVX-512 stream kernel's magic-exponent decode
+/// (`x86::avx512_exact`): `d > 0` and finite, and for Q4_1 `C = m − 16d` finite and exact in
+/// f32 (f64 holds `m − 16d` exactly: both are f16 values). Then `(16 + q) · d + C` rounded
+/// once is the reference's `q · d + m`; otherwise the kernel's general path, bitwise the
+/// same, runs.
+pub fn magic_ok(dtype: DType, d: f32, m: f32) -> bool {
+    let d_ok = d > 0.0 && d.is_finite();
+    match dtype {
+        DType::Q4_1 => {
+            let c = m - 16.0 * d;
+            d_ok && m.is_finite() && c.is_finite() && c as f64 == m as f64 - 16.0 * d as f64
+        }
+        _ => d_ok,
+    }
 }
 
 /// Record layout offsets.
@@ -66,6 +86,7 @@ impl PackedWeight {
         let groups = n.div_ceil(GROUP);
         let blocks = k / QK;
         let mut data = Aligned::<u8>::zeroed(groups * blocks * record_bytes);
+        let mut fast = vec![0u8; (groups * blocks).div_ceil(8)];
         let mut q = [[0u8; QK]; GROUP];
         for g in 0..groups {
             for b in 0..blocks {
@@ -128,6 +149,12 @@ impl PackedWeight {
                         }
                     }
                 }
+                let real = n.saturating_sub(g * GROUP).min(GROUP);
+                if (0..real).all(|c| magic_ok(dtype, f16_bits_to_f32(d[c]), f16_bits_to_f32(m[c])))
+                {
+                    let i = g * blocks + b;
+                    fast[i / 8] |= 1 << (i % 8);
+                }
                 for c in 0..GROUP {
                     rec[d_off + 2 * c..d_off + 2 * c + 2].copy_from_slice(&d[c]);
                     if dtype == DType::Q4_1 {
@@ -144,6 +171,7 @@ impl PackedWeight {
             blocks,
             record_bytes,
             data,
+            fast,
         })
     }
 
@@ -164,5 +192,51 @@ impl PackedWeight {
                 (if v < 4 { byte & 0x0f } else { byte >> 4 }) as i32
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_core::blocks::f32_to_f16_bits;
+
+    #[test]
+    fn magic_ok_is_the_fast_paths_precondition() {
+        assert!(magic_ok(DType::Q8_0, 0.5, 0.0) && magic_ok(DType::Q4_0, 1e-7, 0.0));
+        for d in [0.0, -0.5, f32::INFINITY, f32::NAN] {
+            assert!(!magic_ok(DType::Q8_0, d, 0.0) && !magic_ok(DType::Q4_1, d, -1.0));
+        }
+        // m − 16d exact (few bits) or not (16 − 2^-22 needs 27 bits).
+        assert!(magic_ok(DType::Q4_1, 0.25, -1.75));
+        assert!(!magic_ok(DType::Q4_1, 1.0, 2f32.powi(-22)));
+        assert!(magic_ok(DType::Q4_1, 1.0, 2f32.powi(-20)));
+        assert!(!magic_ok(DType::Q4_1, 1.0, f32::INFINITY));
+    }
+
+    /// One Q4_1 block per row with scales `(d, m)`.
+    fn q41_row(d: f32, m: f32) -> Vec<u8> {
+        let mut row = f32_to_f16_bits(d).to_vec();
+        row.extend_from_slice(&f32_to_f16_bits(m));
+        row.extend_from_slice(&[0x5a; QK / 2]);
+        row
+    }
+
+    #[test]
+    fn the_fast_bitmap_marks_records_whose_real_rows_all_qualify() {
+        // 19 rows: groups 0 and 1 whole, group 2 with 3 real rows (its padding rows have
+        // zero scales and must not clear its bit). Row 9 (group 1) has a negative scale.
+        let rows: Vec<Vec<u8>> = (0..19)
+            .map(|r| {
+                if r == 9 {
+                    q41_row(-0.25, 1.0)
+                } else {
+                    q41_row(0.25, -1.75)
+                }
+            })
+            .collect();
+        let pw = PackedWeight::pack_rows(DType::Q4_1, 19, QK, &|r| &rows[r]).unwrap();
+        assert_eq!((pw.groups, pw.blocks), (3, 1));
+        let bits: Vec<bool> = (0..3).map(|i| pw.fast[i / 8] >> (i % 8) & 1 == 1).collect();
+        assert_eq!(bits, [true, false, true]);
     }
 }

@@ -123,10 +123,7 @@ fn stream_blocks<'a>(
                 match x_of(i) {
                     XRows::Plain(xi) if call != GROUP => {
                         let (g0, g1) = (j / GROUP, (j + width - 1) / GROUP);
-                        // Rows of the call whose results are kept: j .. j + width (lanes past
-                        // a single group repeat group 0 and are dropped).
-                        let live = (u32::MAX >> (32 - width)) as u16;
-                        let vals = tile16(pw, mi, xi, k, g0, g1, live);
+                        let vals = tile16(pw, mi, xi, k, g0, g1);
                         vals.iter()
                             .take(mi)
                             .enumerate()
@@ -158,20 +155,33 @@ fn tile16(
     k: usize,
     g0: usize,
     g1: usize,
-    live: u16,
 ) -> [[f32; 16]; 2] {
     use crate::x86::avx512_exact as ax;
     assert!(crate::isa::avx512_exact() && g0 < pw.groups && g1 < pw.groups);
     assert!(mr <= 2 && mr * k <= x.len() && pw.blocks * 32 == k);
     let group = |g: usize| pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
     let (r0, r1) = (group(g0), group(g1));
+    assert!(pw.fast.len() * 8 >= pw.groups * pw.blocks);
+    let fast = pw.fast.as_ptr();
     macro_rules! run {
         ($DT:expr, $MR:literal) => {{
             let xp: [*const f32; $MR] = std::array::from_fn(|a| x[a * k..].as_ptr());
             // SAFETY: AVX-512 F/BW/DQ/VL, AVX2, FMA and F16C checked (asserted above);
             // each activation row holds k = 32 · blocks values and each group `blocks`
-            // records of the weight's format (asserted: groups and blocks of `pw`).
-            let r = unsafe { ax::stream16::<{ $DT }, $MR>(xp, r0, r1, pw.blocks, live) };
+            // records of the weight's format (asserted: groups and blocks of `pw`); the
+            // bitmap holds a bit per record (asserted), set by `pack_rows` only where every
+            // real row meets `magic_ok` (rows kept are real rows).
+            let r = unsafe {
+                ax::stream16::<{ $DT }, $MR>(
+                    xp,
+                    r0,
+                    r1,
+                    pw.blocks,
+                    fast,
+                    g0 * pw.blocks,
+                    g1 * pw.blocks,
+                )
+            };
             let mut v = [[0f32; 16]; 2];
             v[..$MR].copy_from_slice(&r);
             v

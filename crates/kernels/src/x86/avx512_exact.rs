@@ -18,15 +18,18 @@
 //! `Consts::float_at`), and
 //! one FMA `F · d + C` finishes it, `C` chosen so that `F · d + C` is exactly the reference's
 //! unrounded value and the FMA's one rounding is the reference's:
-//! - Q4_1: `F = 16 + q`, `C = m − 16d`: `F·d + C = q·d + m` (exact if `C` is, checked with
-//!   TwoSum); the reference rounds `q·d` (exact) and then `+ m` once.
+//! - Q4_1: `F = 16 + q`, `C = m − 16d`: `F·d + C = q·d + m` (exact if `C` is); the
+//!   reference rounds `q·d` (exact) and then `+ m` once.
 //! - Q4_0: `F = 16 + q`, `C = −24d` (exact): `F·d + C = (q − 8)·d`, rounded once as the
 //!   reference's product.
 //! - Q8_0: `F = 2^15 + (q + 128)`, `C = −(2^15 + 128)·d` (exact): `F·d + C = q·d`.
 //!
 //! These need `d > 0` and finite (then an exact zero comes out `+0`, as the reference's
-//! `q·d` with `q = 0` and `d > 0`). A block where any live row has `d ≤ 0`, `d` not finite,
-//! or (Q4_1) an inexact or non-finite `C` takes the general path instead: quants widened to
+//! `q·d` with `q = 0` and `d > 0`). Whether a record's rows meet them is decided once, when
+//! the weight is repacked (`crate::packed::magic_ok`, a bit per record in
+//! `PackedWeight::fast`): a record where any real row has `d ≤ 0`, `d` not finite, or (Q4_1)
+//! an inexact or non-finite `C` takes the general path instead (a per-block check in the
+//! kernel cost ~10% of its rate on the Emerald Rapids Xeon): quants widened to
 //! 32-bit integers, converted, then the reference's own operations (`q·d + m` as one FMA,
 //! `(q − 8)·d`, `d·q`), as `avx2_exact::decode_group`.
 //!
@@ -190,29 +193,17 @@ unsafe fn feed<const MR: usize>(
     }
 }
 
-/// Whether a block's scales allow the magic-exponent path for every live row (`live` has a
-/// bit per lane), and the block's `C` for it.
+/// The magic-exponent path's `C` for a block's 16 rows (`m` unused but for Q4_1). Whether the
+/// path may run was decided when the weight was repacked (`crate::packed::magic_ok`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
-unsafe fn fast_block<const DT: u8>(d: __m512, m: __m512, live: u16) -> (bool, __m512) {
-    let zero = _mm512_setzero_ps();
-    let pos = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, zero)
-        & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(d, _mm512_set1_ps(f32::INFINITY));
-    let (ok, c) = match DT {
-        Q4_1 => {
-            let sixteen = _mm512_set1_ps(16.0);
-            // c = m − 16d rounded; TwoSum(m, −16d) gives its exact error (NaN if anything
-            // is not finite), so err == 0 ⇔ c is exact.
-            let b = _mm512_mul_ps(_mm512_set1_ps(-16.0), d);
-            let c = _mm512_fnmadd_ps(sixteen, d, m);
-            let bb = _mm512_sub_ps(c, m);
-            let err = _mm512_add_ps(_mm512_sub_ps(m, _mm512_sub_ps(c, bb)), _mm512_sub_ps(b, bb));
-            (pos & _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(err, zero), c)
-        }
-        Q4_0 => (pos, _mm512_mul_ps(_mm512_set1_ps(-24.0), d)),
-        _ => (pos, _mm512_mul_ps(_mm512_set1_ps(-32896.0), d)),
-    };
-    ((ok | !live) == u16::MAX, c)
+unsafe fn magic_c<const DT: u8>(d: __m512, m: __m512) -> __m512 {
+    match DT {
+        // m − 16d, one rounding (exact for a record flagged fast).
+        Q4_1 => _mm512_fnmadd_ps(_mm512_set1_ps(16.0), d, m),
+        Q4_0 => _mm512_mul_ps(_mm512_set1_ps(-24.0), d),
+        _ => _mm512_mul_ps(_mm512_set1_ps(-32896.0), d),
+    }
 }
 
 /// One 4-bit block (Q4_0/Q4_1) of 16 rows into the accumulators.
@@ -225,7 +216,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     r0: *const u8,
     r1: *const u8,
     e0: usize,
-    live: u16,
+    fast: bool,
 ) {
     let (_, d_off, m_off) = record_geometry(DT);
     let d = halves16(r0, r1, d_off);
@@ -235,10 +226,10 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
         _mm512_setzero_ps()
     };
     let z: [__m512i; 4] = std::array::from_fn(|v| quads16(r0, r1, v));
-    let (fast, c) = fast_block::<DT>(d, m, live);
     // Record slice v holds, per row, elements 4v + j (low nibbles) and 16 + 4v + j (high):
     // chunk ch's lanes 0..4 come from slice 2·(ch % 2), lanes 4..8 from the next one.
     if fast {
+        let c = magic_c::<DT>(d, m);
         for ch in 0..4 {
             for half in 0..2 {
                 let zv = z[2 * (ch % 2) + half];
@@ -285,13 +276,13 @@ unsafe fn block_q8<const MR: usize>(
     r0: *const u8,
     r1: *const u8,
     e0: usize,
-    live: u16,
+    fast: bool,
 ) {
     let (_, d_off, _) = record_geometry(Q8_0);
     let d = halves16(r0, r1, d_off);
-    let (fast, c) = fast_block::<Q8_0>(d, _mm512_setzero_ps(), live);
     // Record slice v holds, per row, elements 4v + j: chunk v / 2, lanes 4·(v % 2) + j.
     if fast {
+        let c = magic_c::<Q8_0>(d, _mm512_setzero_ps());
         let flip = _mm512_set1_epi8(-128);
         for v in 0..8 {
             // q + 128 as a byte, placed under 0x47 0x00: the float 2^15 + q + 128.
@@ -317,20 +308,25 @@ unsafe fn block_q8<const MR: usize>(
 
 /// Canonical dot products of `MR` activation rows `x[m]` (f32, `32 · blocks` each) with the
 /// 16 rows of two 8-row groups whose records start at `r0` and `r1` (`blocks` consecutive
-/// records each; `r1 == r0` is allowed, its results then repeat group 0's). `live` has a bit
-/// per row whose result the caller keeps (padding rows of a last group are not live: their
-/// scales do not decide the path). Returns `[m][row]`, rows of group 0 then group 1.
+/// records each; `r1 == r0` is allowed, its results then repeat group 0's). `fast` is the
+/// weight's record bitmap (`PackedWeight::fast`) and `f0`, `f1` the bit indices of the two
+/// groups' first records: a block runs the magic-exponent path when both its records' bits
+/// are set. Returns `[m][row]`, rows of group 0 then group 1.
 ///
 /// # Safety
 /// The CPU features above; `x[m]` valid for `32 · blocks` reads; `r0`, `r1` for `blocks`
-/// records of format `DT` (`record_geometry`).
+/// records of format `DT` (`record_geometry`); `fast` for bits `f0 .. f0 + blocks` and
+/// `f1 .. f1 + blocks`, each set only where `crate::packed::magic_ok` holds for every row of
+/// that record whose result the caller keeps.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub unsafe fn stream16<const DT: u8, const MR: usize>(
     x: [*const f32; MR],
     r0: *const u8,
     r1: *const u8,
     blocks: usize,
-    live: u16,
+    fast: *const u8,
+    f0: usize,
+    f1: usize,
 ) -> [[f32; 16]; MR] {
     let (rb, _, _) = record_geometry(DT);
     let k = Consts::new::<DT>();
@@ -347,9 +343,11 @@ pub unsafe fn stream16<const DT: u8, const MR: usize>(
             _mm_prefetch::<_MM_HINT_T1>(p0.wrapping_add(FAR_PREFETCH + line).cast());
             _mm_prefetch::<_MM_HINT_T1>(p1.wrapping_add(FAR_PREFETCH + line).cast());
         }
+        let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
+        let magic = bit(f0 + b) && bit(f1 + b);
         match DT {
-            Q8_0 => block_q8::<MR>(&k, &mut acc, &x, p0, p1, 32 * b, live),
-            _ => block_q4::<DT, MR>(&k, &mut acc, &x, p0, p1, 32 * b, live),
+            Q8_0 => block_q8::<MR>(&k, &mut acc, &x, p0, p1, 32 * b, magic),
+            _ => block_q4::<DT, MR>(&k, &mut acc, &x, p0, p1, 32 * b, magic),
         }
     }
     let mut out = [[0f32; 16]; MR];

@@ -109,12 +109,9 @@ pub(crate) fn outer_range(
         STRIPS.with(|sp| {
             SUMS.with(|su| {
                 let (mut xl, mut sp, mut su) = (xl.borrow_mut(), sp.borrow_mut(), su.borrow_mut());
-                grow(&mut xl, LANES * m * steps);
-                grow(
-                    &mut sp,
-                    nc.min(cols.len().div_ceil(sw) * sw) / sw * strip_len,
-                );
-                grow(&mut su, mc.min(m).div_ceil(mr) * LANES * mr * sw);
+                xl.grow(LANES * m * steps);
+                sp.grow(nc.min(cols.len().div_ceil(sw) * sw) / sw * strip_len);
+                su.grow(mc.min(m).div_ceil(mr) * LANES * mr * sw);
                 pack_x_lanes(x, k, rows.clone(), mr, &mut xl[..LANES * m * steps]);
                 let mut n0 = cols.start;
                 while n0 < cols.end {
@@ -208,10 +205,6 @@ pub(crate) fn outer_range(
     });
 }
 
-fn grow(v: &mut AlignedF32, len: usize) {
-    v.grow(len);
-}
-
 /// Packs the chunked part of activation rows `rows` lane-major: `[lane][tile][step][mi]`,
 /// tiles of `mr` rows from `rows.start` (the last may hold fewer, `mi`).
 fn pack_x_lanes(x: &[f32], k: usize, rows: Range<usize>, mr: usize, dst: &mut [f32]) {
@@ -276,7 +269,7 @@ fn pack_strip(w: &GemmWeight, r0: usize, live: usize, k: usize, dst: &mut [f32])
     }
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
-        grow(&mut g, sw * k);
+        g.grow(sw * k);
         let tmp = &mut g[..sw * k];
         // `sw / 4` 4-row groups, each `[step][4][8]` then its tail `[4][tail]`.
         for (grp, panel) in tmp.chunks_exact_mut(4 * k).enumerate() {
@@ -345,7 +338,7 @@ fn pack_strip_f32(w: &GemmWeight, r0: usize, live: usize, k: usize, sw: usize, d
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         // A zero row stands in for the rows past `live` (a strip's last, partial one).
-        grow(&mut g, k);
+        g.grow(k);
         if live < sw {
             g[..k].fill(0.0);
         }

@@ -281,7 +281,8 @@ impl Loop<'_> {
                     self.health
                         .stop(format!("tensor parallelism failed: {why}"));
                 }
-                self.deliver(out);
+                // The step's figures are published before its tokens go out, so a client that
+                // has its last token sees that step in `/metrics`.
                 if self.steps.engine().tp_size() > 1 {
                     let stats = self.steps.engine().overlap_stats();
                     *self
@@ -290,6 +291,7 @@ impl Loop<'_> {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner()) = Some(stats);
                 }
+                self.deliver(out);
                 if let Some(why) = failure {
                     return format!("tensor parallelism failed: {why}");
                 }

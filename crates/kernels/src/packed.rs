@@ -38,17 +38,19 @@ pub struct PackedWeight {
 }
 
 /// Whether a row's block scales allow the AVX-512 stream kernel's magic-exponent decode
-/// (`x86::avx512_exact`): `d > 0` and finite, and for Q4_1 `C = m − 16d` finite and exact in
-/// f32 (f64 holds `m − 16d` exactly: both are f16 values). Then `(16 + q) · d + C` rounded
-/// once is the reference's `q · d + m`; otherwise the kernel's general path, bitwise the
-/// same, runs.
+/// (`x86::avx512_exact`): `d > 0` and finite, and for Q4_1 both of its `C = m − 16d` and
+/// `C = m − 256d` (high and low nibbles) finite and exact in f32 (f64 holds them exactly:
+/// `m` and `d` are f16 values). Then `(2^e + q) · d + C` rounded once is the reference's
+/// `q · d + m`; otherwise the kernel's general path, bitwise the same, runs.
 pub fn magic_ok(dtype: DType, d: f32, m: f32) -> bool {
     let d_ok = d > 0.0 && d.is_finite();
+    let exact = |e: f32| {
+        let c = m - e * d;
+        c.is_finite() && c as f64 == m as f64 - e as f64 * d as f64
+    };
     match dtype {
-        DType::Q4_1 => {
-            let c = m - 16.0 * d;
-            d_ok && m.is_finite() && c.is_finite() && c as f64 == m as f64 - 16.0 * d as f64
-        }
+        DType::Q4_1 => d_ok && m.is_finite() && exact(16.0) && exact(256.0),
+        DType::Q4_0 => d_ok && (264.0 * d).is_finite(),
         _ => d_ok,
     }
 }
@@ -209,7 +211,9 @@ mod tests {
         // m − 16d exact (few bits) or not (16 − 2^-22 needs 27 bits).
         assert!(magic_ok(DType::Q4_1, 0.25, -1.75));
         assert!(!magic_ok(DType::Q4_1, 1.0, 2f32.powi(-22)));
-        assert!(magic_ok(DType::Q4_1, 1.0, 2f32.powi(-20)));
+        // m − 256d needs 24 bits at most: 2^-16 below 256 is exact, 2^-17 is not.
+        assert!(magic_ok(DType::Q4_1, 1.0, 2f32.powi(-16)));
+        assert!(!magic_ok(DType::Q4_1, 1.0, 2f32.powi(-17)));
         assert!(!magic_ok(DType::Q4_1, 1.0, f32::INFINITY));
     }
 

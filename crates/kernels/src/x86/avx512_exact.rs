@@ -12,23 +12,27 @@
 //! `avx2::tile_f32` computes it on the dequantized row: same products, same order, FMA.
 //!
 //! Dequantization (bit-identical to `tessera_core::tensor::dequantize_row`). Per block, when
-//! the 16 rows' scales allow it (the common case, decided per block, see `fast_block`), a
-//! shift and a ternary-logic op build each vector of weights as floats `F = B + u` directly
-//! ("magic exponent": the quant bits are placed in a float's mantissa under a fixed exponent,
-//! `Consts::float_at`), and
-//! one FMA `F · d + C` finishes it, `C` chosen so that `F · d + C` is exactly the reference's
-//! unrounded value and the FMA's one rounding is the reference's:
-//! - Q4_1: `F = 16 + q`, `C = m − 16d`: `F·d + C = q·d + m` (exact if `C` is); the
-//!   reference rounds `q·d` (exact) and then `+ m` once.
-//! - Q4_0: `F = 16 + q`, `C = −24d` (exact): `F·d + C = (q − 8)·d`, rounded once as the
+//! the 16 rows' scales allow it (the common case, decided at repack, see below), a shift and
+//! a ternary-logic op build each vector of weights as floats `F = 2^e + q` directly ("magic
+//! exponent": the quant bits are placed in a float's mantissa under a fixed exponent,
+//! `Consts::float_in`), and one FMA `F · d + C` finishes it, `C` chosen so that `F · d + C`
+//! is exactly the reference's unrounded value and the FMA's one rounding is the reference's:
+//! - Q4_1: `C = m − 2^e·d`: `F·d + C = q·d + m` (exact if `C` is); the reference rounds
+//!   `q·d` (exact) and then `+ m` once.
+//! - Q4_0: `C = −(2^e + 8)·d` (exact): `F·d + C = (q − 8)·d`, rounded once as the
 //!   reference's product.
 //! - Q8_0: `F = 2^15 + (q + 128)`, `C = −(2^15 + 128)·d` (exact): `F·d + C = q·d`.
+//!
+//! For the 4-bit formats a byte's two nibbles (at bits `8j` and `8j + 4` of a row's dword)
+//! are placed by one shift at bits 15 and 19, the mantissa fields of `F = 256 + q` (`e = 8`)
+//! and `F = 16 + q` (`e = 4`), each with its own `C`: half a shift per weight vector instead
+//! of one (Emerald Rapids Xeon, one unit, Q4_1 at M = 1: +7-10%, paired runs).
 //!
 //! These need `d > 0` and finite (then an exact zero comes out `+0`, as the reference's
 //! `q·d` with `q = 0` and `d > 0`). Whether a record's rows meet them is decided once, when
 //! the weight is repacked (`crate::packed::magic_ok`, a bit per record in
 //! `PackedWeight::fast`): a record where any real row has `d ≤ 0`, `d` not finite, or (Q4_1)
-//! an inexact or non-finite `C` takes the general path instead (a per-block check in the
+//! an inexact or non-finite `C` (either `e`) takes the general path instead (a per-block check in the
 //! kernel cost ~10% of its rate on the Emerald Rapids Xeon): quants widened to
 //! 32-bit integers, converted, then the reference's own operations (`q·d + m` as one FMA,
 //! `(q − 8)·d`, `d·q`), as `avx2_exact::decode_group`.
@@ -45,9 +49,12 @@ pub use super::avx2_exact::{Q4_0, Q4_1, Q8_0};
 /// from DRAM (a decode step reads the whole model, 3x this VM's L3) wait on memory latency
 /// with only the near (4-record) hint: Zen 4, SmolLM2-135M exact decode, medians of 3,
 /// 1 unit 67-75 tok/s with the near hint alone, 83-89 with a 4 KiB far hint, 104-111 with
-/// 8-16 KiB, 105 with 32 KiB; 2 units 115-125 before, 145-185 with 12-16 KiB.
+/// 8-16 KiB, 105 with 32 KiB; 2 units 115-125 before, 145-185 with 12-16 KiB. Past a
+/// group's end the hint once landed in the call's other group, already being read, so the
+/// first 12 KiB of every second group went unfetched: sending it to the next call's group
+/// instead ran a cold 4096 × 11,008 Q4_1 GEMV 3-4% faster (Emerald Rapids Xeon, 2 units,
+/// 15 alternating passes over 600 MiB of copies); 4-32 KiB distances ran level there.
 const FAR_PREFETCH: usize = 12 << 10;
-
 /// Bytes of one record (8 rows × 32 elements) and the offsets of its d and m (`crate::packed`).
 pub const fn record_geometry(dt: u8) -> (usize, usize, usize) {
     match dt {
@@ -127,10 +134,16 @@ unsafe fn quads16(r0: *const u8, r1: *const u8, v: usize) -> __m512i {
 
 /// Constants of the fast and general paths, built once per call.
 struct Consts {
-    /// The float exponent (and leading mantissa bit) of the fast path's `F`.
+    /// The float exponent (and leading mantissa bit) of the fast path's `F`: `2^4` (4-bit
+    /// high nibbles), `2^15` (Q8_0).
     magic: __m512i,
-    /// Where the quant sits in `F`'s mantissa: bits 19..23 (4-bit) or 8..16 (Q8_0).
+    /// Where the quant sits in `F`'s mantissa: bits 19..23 (4-bit high nibbles) or 8..16
+    /// (Q8_0).
     field: __m512i,
+    /// The 4-bit low nibbles' `F`: exponent `2^8`, the quant at bits 15..19, so that one
+    /// shift places a byte's two nibbles in both fields (see [`block_q4`]).
+    magic_lo: __m512i,
+    field_lo: __m512i,
     /// `spread(j, 0)` (4-bit) or `spread(j, 3)` (Q8_0): the general path's byte shuffles.
     slow: [__m512i; 4],
 }
@@ -147,34 +160,46 @@ impl Consts {
         Consts {
             magic: _mm512_set1_epi32(magic),
             field: _mm512_set1_epi32(field),
+            magic_lo: _mm512_set1_epi32(0x4380_0000),
+            field_lo: _mm512_set1_epi32(0x0007_8000),
             slow: std::array::from_fn(|j| spread_reg(j, slow_pos)),
         }
     }
 
-    /// `F` from the quant at bits `p ..` of every dword of `v` shifted to bit `to` (the
-    /// mantissa field), the rest of the dword cleared, the exponent set. Two single-cycle
-    /// integer operations. (Zen 4 measured: a masked byte shuffle, or a rotate, per vector in
-    /// their place ran this loop at 55% of the speed: both compete with the FMAs for a pipe.)
+    /// Every dword of `v` shifted so that its bits at `p ..` sit at bit `to`: one
+    /// single-cycle integer operation (none when `p == to`).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn float_at(&self, v: __m512i, p: u32, to: u32) -> __m512 {
-        let r = match to as i32 - p as i32 {
+    unsafe fn shifted(v: __m512i, p: u32, to: u32) -> __m512i {
+        match to as i32 - p as i32 {
             0 => v,
-            3 => _mm512_slli_epi32::<3>(v),
             7 => _mm512_slli_epi32::<7>(v),
             8 => _mm512_slli_epi32::<8>(v),
-            11 => _mm512_slli_epi32::<11>(v),
             15 => _mm512_slli_epi32::<15>(v),
-            19 => _mm512_slli_epi32::<19>(v),
             -1 => _mm512_srli_epi32::<1>(v),
-            -5 => _mm512_srli_epi32::<5>(v),
             -8 => _mm512_srli_epi32::<8>(v),
             -9 => _mm512_srli_epi32::<9>(v),
             -16 => _mm512_srli_epi32::<16>(v),
             r => unreachable!("shift {r}"),
-        };
+        }
+    }
+
+    /// `F` from a shifted dword: its `field` bits kept, the rest cleared, the exponent
+    /// `magic` set. One single-cycle ternary-logic operation. (Zen 4 measured: a masked
+    /// byte shuffle, or a rotate, per vector in place of the shift ran this loop at 55% of
+    /// the speed: both compete with the FMAs for a pipe.)
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn float_in(r: __m512i, magic: __m512i, field: __m512i) -> __m512 {
         // (r & field) | magic: truth table over (r, magic, field) = 0xEC.
-        _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xEC>(r, self.magic, self.field))
+        _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xEC>(r, magic, field))
+    }
+
+    /// Q8_0's `F` from the byte at bits `p ..` of every dword of `v`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn float_at(&self, v: __m512i, p: u32, to: u32) -> __m512 {
+        Self::float_in(Self::shifted(v, p, to), self.magic, self.field)
     }
 }
 
@@ -193,15 +218,18 @@ unsafe fn feed<const MR: usize>(
     }
 }
 
-/// The magic-exponent path's `C` for a block's 16 rows (`m` unused but for Q4_1). Whether the
-/// path may run was decided when the weight was repacked (`crate::packed::magic_ok`).
+/// The magic-exponent path's `C` for a block's 16 rows with `F = 2^e + q` (`e` 4 or 8 for
+/// the 4-bit formats, 15 for Q8_0; `m` unused but for Q4_1). Whether the path may run was
+/// decided when the weight was repacked (`crate::packed::magic_ok`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
-unsafe fn magic_c<const DT: u8>(d: __m512, m: __m512) -> __m512 {
+unsafe fn magic_c<const DT: u8>(d: __m512, m: __m512, e: i32) -> __m512 {
+    let offset = _mm512_set1_ps(2f32.powi(e));
     match DT {
-        // m − 16d, one rounding (exact for a record flagged fast).
-        Q4_1 => _mm512_fnmadd_ps(_mm512_set1_ps(16.0), d, m),
-        Q4_0 => _mm512_mul_ps(_mm512_set1_ps(-24.0), d),
+        // m − 2^e·d, one rounding (exact for a record flagged fast).
+        Q4_1 => _mm512_fnmadd_ps(offset, d, m),
+        // −(2^e + 8)·d and −(2^15 + 128)·d (exact for a record flagged fast).
+        Q4_0 => _mm512_mul_ps(_mm512_set1_ps(-(2f32.powi(e) + 8.0)), d),
         _ => _mm512_mul_ps(_mm512_set1_ps(-32896.0), d),
     }
 }
@@ -229,14 +257,26 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     // Record slice v holds, per row, elements 4v + j (low nibbles) and 16 + 4v + j (high):
     // chunk ch's lanes 0..4 come from slice 2·(ch % 2), lanes 4..8 from the next one.
     if fast {
-        let c = magic_c::<DT>(d, m);
-        for ch in 0..4 {
-            for half in 0..2 {
-                let zv = z[2 * (ch % 2) + half];
-                for j in 0..4 {
-                    // Element 8ch + 4half + j is the low (ch < 2) or high nibble of byte j.
-                    let p = 8 * j as u32 + if ch < 2 { 0 } else { 4 };
-                    let w = _mm512_fmadd_ps(k.float_at(zv, p, 19), d, c);
+        // Byte j of a row's dword holds the low nibble (element 8ch + 4half + j, ch < 2)
+        // at bit 8j and the high one (ch ≥ 2) at 8j + 4: one shift places them at bits 15
+        // and 19, the fields of `F = 256 + q` and `F = 16 + q`, each with its own `C`.
+        // Accumulator 4half + j still takes chunks 0, 1, 2, 3 in that order.
+        let (c_lo, c_hi) = (magic_c::<DT>(d, m, 8), magic_c::<DT>(d, m, 4));
+        for half in 0..2 {
+            for j in 0..4 {
+                let p = 8 * j as u32;
+                let s = [
+                    Consts::shifted(z[half], p, 15),
+                    Consts::shifted(z[2 + half], p, 15),
+                ];
+                for ch in 0..4 {
+                    let w = if ch < 2 {
+                        let f = Consts::float_in(s[ch % 2], k.magic_lo, k.field_lo);
+                        _mm512_fmadd_ps(f, d, c_lo)
+                    } else {
+                        let f = Consts::float_in(s[ch % 2], k.magic, k.field);
+                        _mm512_fmadd_ps(f, d, c_hi)
+                    };
                     feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
                 }
             }
@@ -282,7 +322,7 @@ unsafe fn block_q8<const MR: usize>(
     let d = halves16(r0, r1, d_off);
     // Record slice v holds, per row, elements 4v + j: chunk v / 2, lanes 4·(v % 2) + j.
     if fast {
-        let c = magic_c::<Q8_0>(d, _mm512_setzero_ps());
+        let c = magic_c::<Q8_0>(d, _mm512_setzero_ps(), 15);
         let flip = _mm512_set1_epi8(-128);
         for v in 0..8 {
             // q + 128 as a byte, placed under 0x47 0x00: the float 2^15 + q + 128.
@@ -331,17 +371,36 @@ pub unsafe fn stream16<const DT: u8, const MR: usize>(
     let (rb, _, _) = record_geometry(DT);
     let k = Consts::new::<DT>();
     let mut acc = [[_mm512_setzero_ps(); 8]; MR];
+    // The far hint's target, `FAR_PREFETCH` bytes ahead of each stream, and past a
+    // group's end the next call's group of the same stream (this call's other group lies
+    // between: the calls of a range take groups `g, g + 1`, then `g + 2, g + 3`, ...).
+    // `extra` is the groups skipped so far; `ahead` the target's offset in its group.
+    let len = blocks * rb;
+    let pair = len > 0 && r1 == r0.wrapping_add(len);
+    let (mut extra, mut ahead) = if pair {
+        (FAR_PREFETCH / len * len, FAR_PREFETCH % len)
+    } else {
+        (0, 0)
+    };
     for b in 0..blocks {
         let (p0, p1) = (r0.add(b * rb), r1.add(b * rb));
-        // Each group's records are one stream; fetch four records ahead into L1 and
-        // `FAR_PREFETCH` bytes ahead into L2 (hints: never fault, wrapping arithmetic
-        // without a dereference). Past a group's end the far hint reaches the next call's
-        // groups, which follow in memory.
+        let far = FAR_PREFETCH + extra;
+        let near = 4 * rb + if pair && b + 4 >= blocks { len } else { 0 };
+        if pair {
+            ahead += rb;
+            while ahead >= len {
+                ahead -= len;
+                extra += len;
+            }
+        }
+        // Each group's records are one stream; fetch four records ahead into L1 and `far`
+        // bytes ahead into L2 (hints: never fault, wrapping arithmetic without a
+        // dereference), both past a group's end into the next call's group of that stream.
         for line in (0..rb).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(p0.wrapping_add(4 * rb + line).cast());
-            _mm_prefetch::<_MM_HINT_T0>(p1.wrapping_add(4 * rb + line).cast());
-            _mm_prefetch::<_MM_HINT_T1>(p0.wrapping_add(FAR_PREFETCH + line).cast());
-            _mm_prefetch::<_MM_HINT_T1>(p1.wrapping_add(FAR_PREFETCH + line).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p0.wrapping_add(near + line).cast());
+            _mm_prefetch::<_MM_HINT_T0>(p1.wrapping_add(near + line).cast());
+            _mm_prefetch::<_MM_HINT_T1>(p0.wrapping_add(far + line).cast());
+            _mm_prefetch::<_MM_HINT_T1>(p1.wrapping_add(far + line).cast());
         }
         let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
         let magic = bit(f0 + b) && bit(f1 + b);

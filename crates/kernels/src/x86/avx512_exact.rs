@@ -173,10 +173,14 @@ impl Consts {
     unsafe fn shifted(v: __m512i, p: u32, to: u32) -> __m512i {
         match to as i32 - p as i32 {
             0 => v,
+            3 => _mm512_slli_epi32::<3>(v),
             7 => _mm512_slli_epi32::<7>(v),
             8 => _mm512_slli_epi32::<8>(v),
+            11 => _mm512_slli_epi32::<11>(v),
             15 => _mm512_slli_epi32::<15>(v),
+            19 => _mm512_slli_epi32::<19>(v),
             -1 => _mm512_srli_epi32::<1>(v),
+            -5 => _mm512_srli_epi32::<5>(v),
             -8 => _mm512_srli_epi32::<8>(v),
             -9 => _mm512_srli_epi32::<9>(v),
             -16 => _mm512_srli_epi32::<16>(v),
@@ -195,7 +199,8 @@ impl Consts {
         _mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xEC>(r, magic, field))
     }
 
-    /// Q8_0's `F` from the byte at bits `p ..` of every dword of `v`.
+    /// `F` from the quant at bits `p ..` of every dword of `v` (Q8_0, and 4-bit high-nibble
+    /// fields), shifted to bit `to`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn float_at(&self, v: __m512i, p: u32, to: u32) -> __m512 {
@@ -286,17 +291,31 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     let z: [__m512i; 4] = std::array::from_fn(|v| quads16(r0, r1, v));
     // Record slice v holds, per row, elements 4v + j (low nibbles) and 16 + 4v + j (high):
     // chunk ch's lanes 0..4 come from slice 2·(ch % 2), lanes 4..8 from the next one.
-    if fast {
+    if fast && MR == 1 {
         // Byte j of a row's dword holds the low nibble (element 8ch + 4half + j, ch < 2)
         // at bit 8j and the high one (ch ≥ 2) at 8j + 4: one shift places them at bits 15
         // and 19, the fields of `F = 256 + q` and `F = 16 + q`, each with its own `C`.
         // Accumulator 4half + j still takes chunks 0, 1, 2, 3 in that order.
         let c = [magic_c::<DT>(d, m, 8), magic_c::<DT>(d, m, 4)];
-        // Two calls with a constant half, so that every accumulator index is a constant
-        // and the accumulators stay in registers (a loop over `half` was kept rolled for
-        // MR = 2, its accumulators in memory).
+        // Two calls with a constant half, so that every accumulator index is a constant.
         nibble_pairs::<MR, 0>(k, acc, x, [z[0], z[2]], d, c, e0);
         nibble_pairs::<MR, 1>(k, acc, x, [z[1], z[3]], d, c, e0);
+    } else if fast {
+        // Two activation rows: 16 accumulators leave too few registers for the pairs'
+        // second `C` and field constants (spilled, they ran 16% slower than this on the
+        // Emerald Rapids Xeon), so every nibble is shifted to bit 19 (`F = 16 + q`).
+        let c = magic_c::<DT>(d, m, 4);
+        for ch in 0..4 {
+            for half in 0..2 {
+                let zv = z[2 * (ch % 2) + half];
+                for j in 0..4 {
+                    // Element 8ch + 4half + j is the low (ch < 2) or high nibble of byte j.
+                    let p = 8 * j as u32 + if ch < 2 { 0 } else { 4 };
+                    let w = _mm512_fmadd_ps(k.float_at(zv, p, 19), d, c);
+                    feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+                }
+            }
+        }
     } else {
         let nib = _mm512_set1_epi8(0x0f);
         for ch in 0..4 {

@@ -239,36 +239,6 @@ unsafe fn magic_c<const DT: u8>(d: __m512, m: __m512, e: i32) -> __m512 {
     }
 }
 
-/// The fast path of [`block_q4`] for accumulators `4·HALF .. 4·HALF + 4`: `zh` holds record
-/// slices `HALF` and `2 + HALF` (chunks 0 and 2 low and high nibbles, chunks 1 and 3), `c`
-/// the `C` of the low (`F = 256 + q`) and high (`F = 16 + q`) nibbles.
-#[inline]
-#[target_feature(enable = "avx512f,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn nibble_pairs<const MR: usize, const HALF: usize>(
-    k: &Consts,
-    acc: &mut [[__m512; 8]; MR],
-    x: &[*const f32; MR],
-    zh: [__m512i; 2],
-    d: __m512,
-    c: [__m512; 2],
-    e0: usize,
-) {
-    for j in 0..4 {
-        let p = 8 * j as u32;
-        let s = [Consts::shifted(zh[0], p, 15), Consts::shifted(zh[1], p, 15)];
-        for ch in 0..4 {
-            let f = if ch < 2 {
-                Consts::float_in(s[ch % 2], k.magic_lo, k.field_lo)
-            } else {
-                Consts::float_in(s[ch % 2], k.magic, k.field)
-            };
-            let w = _mm512_fmadd_ps(f, d, c[ch / 2]);
-            feed(acc, x, e0 + 8 * ch + 4 * HALF + j, 4 * HALF + j, w);
-        }
-    }
-}
-
 /// One 4-bit block (Q4_0/Q4_1) of 16 rows into the accumulators.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
@@ -296,10 +266,28 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
         // at bit 8j and the high one (ch ≥ 2) at 8j + 4: one shift places them at bits 15
         // and 19, the fields of `F = 256 + q` and `F = 16 + q`, each with its own `C`.
         // Accumulator 4half + j still takes chunks 0, 1, 2, 3 in that order.
+        // The two halves' chains alternate (1-3% faster than one accumulator's four
+        // chunks in a row, paired runs).
         let c = [magic_c::<DT>(d, m, 8), magic_c::<DT>(d, m, 4)];
-        // Two calls with a constant half, so that every accumulator index is a constant.
-        nibble_pairs::<MR, 0>(k, acc, x, [z[0], z[2]], d, c, e0);
-        nibble_pairs::<MR, 1>(k, acc, x, [z[1], z[3]], d, c, e0);
+        for j in 0..4 {
+            let p = 8 * j as u32;
+            // [half][slice]: slices half (chunks 0, 2) and 2 + half (chunks 1, 3).
+            let s = [
+                [Consts::shifted(z[0], p, 15), Consts::shifted(z[2], p, 15)],
+                [Consts::shifted(z[1], p, 15), Consts::shifted(z[3], p, 15)],
+            ];
+            for ch in 0..4 {
+                for (half, sh) in s.iter().enumerate() {
+                    let f = if ch < 2 {
+                        Consts::float_in(sh[ch % 2], k.magic_lo, k.field_lo)
+                    } else {
+                        Consts::float_in(sh[ch % 2], k.magic, k.field)
+                    };
+                    let w = _mm512_fmadd_ps(f, d, c[ch / 2]);
+                    feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+                }
+            }
+        }
     } else if fast {
         // Two activation rows: 16 accumulators leave too few registers for the pairs'
         // second `C` and field constants (spilled, they ran 16% slower than this on the

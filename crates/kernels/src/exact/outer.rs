@@ -267,6 +267,12 @@ fn pack_strip(w: &GemmWeight, r0: usize, live: usize, k: usize, dst: &mut [f32])
     if w.dtype() == tessera_core::DType::F32 && w.packed.is_none() {
         return pack_strip_f32(w, r0, live, k, sw, dst);
     }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(pw) = &w.packed {
+        if sw == 32 && super::records::strip32_fits(r0) {
+            return super::records::strip32(pw, r0, live, dst);
+        }
+    }
     GROUP.with(|g| {
         let mut g = g.borrow_mut();
         g.grow(sw * k);

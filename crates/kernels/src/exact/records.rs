@@ -246,6 +246,67 @@ fn tile8(pw: &PackedWeight, mr: usize, x: XRows, k: usize, g: usize) -> [[f32; 8
     }
 }
 
+/// Whether [`strip32`] can decode a strip starting at weight row `r0` (AVX-512, a group
+/// boundary).
+pub(crate) fn strip32_fits(r0: usize) -> bool {
+    cfg!(target_arch = "x86_64") && crate::isa::avx512_exact() && r0.is_multiple_of(GROUP)
+}
+
+/// Decodes weight rows `r0..r0 + live` straight from the records into a 32-row strip of the
+/// outer-product tile (`dst`: `[lane][step][32]`, `k / 8` steps; K is a multiple of 32, so
+/// there is no tail), rows `live..32` zero: the AVX-512 stream kernel's decode stores each
+/// 16-row vector as a strip row half (`x86::avx512_exact::decode_strip16`) where the
+/// general route decodes into 4-row panels and transposes them.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn strip32(pw: &PackedWeight, r0: usize, live: usize, dst: &mut [f32]) {
+    use crate::x86::avx512_exact as ax;
+    let k = pw.k;
+    assert!(strip32_fits(r0) && (1..=32).contains(&live) && r0 + live <= pw.n);
+    assert!(dst.len() == 32 * k && pw.blocks * 32 == k);
+    assert!(pw.fast.len() * 8 >= pw.groups * pw.blocks);
+    let group = |g: usize| pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
+    for half in 0..2 {
+        let ga = r0 / GROUP + 2 * half;
+        if 16 * half >= live {
+            break;
+        }
+        // The half's second group may lie past the weight: decode the first twice (its
+        // columns are zeroed below, being past `live`).
+        let gb = if ga + 1 < pw.groups { ga + 1 } else { ga };
+        macro_rules! run {
+            ($DT:expr) => {
+                // SAFETY: AVX-512 F/BW/DQ/VL, AVX2, FMA and F16C checked (`strip32_fits`,
+                // asserted); both groups exist (ga < groups since row r0 + 16 · half < n)
+                // with `blocks` records of the weight's format; the bitmap holds a bit per
+                // record (asserted), set only where every real row meets `magic_ok`; `dst`
+                // holds 32 · k values (asserted) and the half's 16 columns start at 16 · half.
+                unsafe {
+                    ax::decode_strip16::<{ $DT }>(
+                        group(ga),
+                        group(gb),
+                        pw.blocks,
+                        pw.fast.as_ptr(),
+                        ga * pw.blocks,
+                        gb * pw.blocks,
+                        dst.as_mut_ptr().add(16 * half),
+                    )
+                }
+            };
+        }
+        match pw.dtype {
+            DType::Q4_0 => run!(ax::Q4_0),
+            DType::Q4_1 => run!(ax::Q4_1),
+            DType::Q8_0 => run!(ax::Q8_0),
+            d => unreachable!("{d} has no repack"),
+        }
+    }
+    if live < 32 {
+        for row in dst.chunks_exact_mut(32) {
+            row[live..].fill(0.0);
+        }
+    }
+}
+
 /// Dequantizes elements `k0..k1` (multiples of 32) of weight rows `r0..r0 + live` from the
 /// records into `dst` as `[step][nr][8]` (rows `live..nr` zero), as `super::pack` does from
 /// the stored rows.

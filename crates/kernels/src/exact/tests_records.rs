@@ -165,6 +165,39 @@ proptest! {
         prop_assert!(same(&got, &want), "{} {}x{} mc={} nc={} kc={}", dtype, mr, nr, mc, nc, kc);
     }
 
+    /// The outer-product tile (`nr ≥ 16`) on records, whose strips are decoded straight
+    /// from the records on AVX-512 (`records::strip32`) and from 4-row panels elsewhere:
+    /// rows past the last strip's live ones, strips starting mid-weight (N split over
+    /// units), groups past the weight, and both decode paths.
+    #[test]
+    fn outer_on_records_equals_panel_bitwise(
+        m in 1usize..20, n in 1usize..80, kb in 1usize..5, d in 0usize..3, mr in 1usize..15,
+        mc in 1usize..30, nc in 1usize..70, kcb in 0usize..3, units in 1usize..4,
+        awkward in any::<bool>(),
+    ) {
+        if !crate::exact::outer::available() {
+            return Ok(());
+        }
+        let dtype = BLOCKED[d];
+        let k = 32 * kb;
+        let seed = (n * 13 + k + d) as u64;
+        let rows = if awkward {
+            awkward_rows(dtype, n, k, seed)
+        } else {
+            quantized_rows(dtype, n, k, seed)
+        };
+        let (stored, repacked) = pair(dtype, rows, k, 1 + d % 2);
+        let x = acts(m, k, (m * 7 + d) as u64);
+        let pool = ThreadPool::new(units);
+        let want = reference(&pool, &x, m, &stored, None);
+        let kc = 32 * kcb;
+        for par in [(1, units), (units.min(m), 1)] {
+            let p = plan(F32Kernel::Packed, mr, 16, mc, nc, kc, par);
+            let got = run(&p, &pool, &x, m, &repacked, None);
+            prop_assert!(same(&got, &want), "{} {}x16 mc={} nc={} kc={} {:?}", dtype, mr, mc, nc, kc, par);
+        }
+    }
+
     /// A row alone (stream, M = 1) equals the same row in a batch (stream at M = 2..5 in
     /// tiles of 2 and 4 rows, and packed), all on the repacked weight.
     #[test]

@@ -227,6 +227,42 @@ unsafe fn feed<const MR: usize>(
     }
 }
 
+/// Where a block's 16-row weight vectors go: `w` holds element `e` (lane `l = e % 8`) of the
+/// 16 rows.
+trait Sink {
+    /// # Safety
+    /// The CPU features of this module; what the implementation's pointers need.
+    unsafe fn put(&mut self, e: usize, l: usize, w: __m512);
+}
+
+/// The stream kernel's dot products: `x[m][e] · w` into accumulator `l` ([`feed`]).
+struct Dots<'a, const MR: usize> {
+    acc: &'a mut [[__m512; 8]; MR],
+    x: &'a [*const f32; MR],
+}
+
+impl<const MR: usize> Sink for Dots<'_, MR> {
+    #[inline(always)]
+    unsafe fn put(&mut self, e: usize, l: usize, w: __m512) {
+        feed(self.acc, self.x, e, l, w)
+    }
+}
+
+/// A strip of the outer-product tile (`exact::outer`, `[lane][step][32]`): `w` is stored as
+/// 16 of the 32 values of step `e / 8` of lane `l` (`dst` points at the first of them in
+/// lane 0, step 0).
+struct StripRows {
+    dst: *mut f32,
+    steps: usize,
+}
+
+impl Sink for StripRows {
+    #[inline(always)]
+    unsafe fn put(&mut self, e: usize, l: usize, w: __m512) {
+        _mm512_storeu_ps(self.dst.add((l * self.steps + e / 8) * 32), w)
+    }
+}
+
 /// The magic-exponent path's `C` for a block's 16 rows with `F = 2^e + q` (`e` 4 or 8 for
 /// the 4-bit formats, 15 for Q8_0; `m` unused but for Q4_1). Whether the path may run was
 /// decided when the weight was repacked (`crate::packed::magic_ok`).
@@ -253,8 +289,7 @@ unsafe fn magic_c<const DT: u8>(d: __m512, m: __m512, e: i32) -> __m512 {
 #[allow(clippy::too_many_arguments)]
 unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
     k: &Consts,
-    acc: &mut [[__m512; 8]; MR],
-    x: &[*const f32; MR],
+    out: &mut impl Sink,
     z: &[__m512i; 4],
     d: __m512,
     m: __m512,
@@ -295,7 +330,7 @@ unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
                         Consts::float_in(sh[ch % 2], k.magic, k.field)
                     };
                     let w = weight(f, ch / 2);
-                    feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+                    out.put(e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
                 }
             }
         }
@@ -310,7 +345,7 @@ unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
                     // Element 8ch + 4half + j is the low (ch < 2) or high nibble of byte j.
                     let p = 8 * j as u32 + if ch < 2 { 0 } else { 4 };
                     let w = weight(k.float_at(zv, p, 19), 1);
-                    feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+                    out.put(e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
                 }
             }
         }
@@ -322,8 +357,7 @@ unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn block_q4<const DT: u8, const MR: usize>(
     k: &Consts,
-    acc: &mut [[__m512; 8]; MR],
-    x: &[*const f32; MR],
+    out: &mut impl Sink,
     r0: *const u8,
     r1: *const u8,
     e0: usize,
@@ -340,12 +374,12 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     // Record slice v holds, per row, elements 4v + j (low nibbles) and 16 + 4v + j (high):
     // chunk ch's lanes 0..4 come from slice 2·(ch % 2), lanes 4..8 from the next one.
     if fast {
-        magic_q4::<DT, MR, true>(k, acc, x, &z, d, m, e0);
+        magic_q4::<DT, MR, true>(k, out, &z, d, m, e0);
     } else if DT == Q4_0 {
         // Q4_0's scale is negative in about half of its blocks (ggml stores `max / −8`),
         // so most records hold a row with one: 16-18% faster than the general path at
         // M = 1, 4% at M = 2 (Emerald Rapids Xeon, paired runs).
-        magic_q4::<DT, MR, false>(k, acc, x, &z, d, m, e0);
+        magic_q4::<DT, MR, false>(k, out, &z, d, m, e0);
     } else {
         let nib = _mm512_set1_epi8(0x0f);
         for ch in 0..4 {
@@ -364,7 +398,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
                         let q = _mm512_sub_epi32(q, _mm512_set1_epi32(8));
                         _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
                     };
-                    feed(acc, x, e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+                    out.put(e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
                 }
             }
         }
@@ -376,8 +410,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn block_q8<const MR: usize>(
     k: &Consts,
-    acc: &mut [[__m512; 8]; MR],
-    x: &[*const f32; MR],
+    out: &mut impl Sink,
     r0: *const u8,
     r1: *const u8,
     e0: usize,
@@ -394,7 +427,7 @@ unsafe fn block_q8<const MR: usize>(
             let s = _mm512_xor_si512(quads16(r0, r1, v), flip);
             for j in 0..4 {
                 let w = _mm512_fmadd_ps(k.float_at(s, 8 * j as u32, 8), d, c);
-                feed(acc, x, e0 + 4 * v + j, 4 * (v % 2) + j, w);
+                out.put(e0 + 4 * v + j, 4 * (v % 2) + j, w);
             }
         }
     } else {
@@ -405,7 +438,7 @@ unsafe fn block_q8<const MR: usize>(
                 let q = _mm512_shuffle_epi8(s, *shj);
                 let q = _mm512_srai_epi32::<24>(q);
                 let w = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q));
-                feed(acc, x, e0 + 4 * v + j, 4 * (v % 2) + j, w);
+                out.put(e0 + 4 * v + j, 4 * (v % 2) + j, w);
             }
         }
     }
@@ -469,9 +502,13 @@ pub unsafe fn stream16<const DT: u8, const MR: usize>(
         }
         let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
         let magic = bit(f0 + b) && bit(f1 + b);
+        let mut out = Dots {
+            acc: &mut acc,
+            x: &x,
+        };
         match DT {
-            Q8_0 => block_q8::<MR>(&k, &mut acc, &x, p0, p1, 32 * b, magic),
-            _ => block_q4::<DT, MR>(&k, &mut acc, &x, p0, p1, 32 * b, magic),
+            Q8_0 => block_q8::<MR>(&k, &mut out, p0, p1, 32 * b, magic),
+            _ => block_q4::<DT, MR>(&k, &mut out, p0, p1, 32 * b, magic),
         }
     }
     let mut out = [[0f32; 16]; MR];
@@ -482,4 +519,40 @@ pub unsafe fn stream16<const DT: u8, const MR: usize>(
         _mm512_storeu_ps(out[m].as_mut_ptr(), s);
     }
     out
+}
+
+/// Decodes the 16 rows of two 8-row groups (records at `r0`, `r1`, as [`stream16`]) into 16
+/// columns of an outer-product strip `[lane][step][32]` (`steps = 4 · blocks`; `dst` points at
+/// the first column in lane 0, step 0): the weights [`stream16`] multiplies, bitwise the
+/// reference's, by the same decode (one row per vector lane is one strip row half).
+///
+/// # Safety
+/// As [`stream16`] for `r0`, `r1`, `blocks`, `fast`, `f0`, `f1`; `dst` valid for writes of 16
+/// values at every `(l · steps + c) · 32`, `l < 8`, `c < steps`.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+pub unsafe fn decode_strip16<const DT: u8>(
+    r0: *const u8,
+    r1: *const u8,
+    blocks: usize,
+    fast: *const u8,
+    f0: usize,
+    f1: usize,
+    dst: *mut f32,
+) {
+    let (rb, _, _) = record_geometry(DT);
+    let k = Consts::new::<DT>();
+    let mut out = StripRows {
+        dst,
+        steps: 4 * blocks,
+    };
+    for b in 0..blocks {
+        let (p0, p1) = (r0.add(b * rb), r1.add(b * rb));
+        let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
+        let magic = bit(f0 + b) && bit(f1 + b);
+        match DT {
+            Q8_0 => block_q8::<1>(&k, &mut out, p0, p1, 32 * b, magic),
+            _ => block_q4::<DT, 1>(&k, &mut out, p0, p1, 32 * b, magic),
+        }
+    }
 }

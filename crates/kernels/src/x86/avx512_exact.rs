@@ -279,8 +279,8 @@ unsafe fn magic_c<const DT: u8>(d: __m512, m: __m512, e: i32) -> __m512 {
     }
 }
 
-/// The magic-exponent decode of one 4-bit block (see the module's documentation) into the
-/// accumulators. `FUSED`: `w = F·d + C` (a record flagged fast); else (Q4_0 only) the
+/// The magic-exponent decode of one 4-bit block (see the module's documentation), each weight
+/// vector to `out`. `FUSED`: `w = F·d + C` (a record flagged fast); else (Q4_0 only) the
 /// reference's own product `w = (F − (2^e + 8)) · d`, the subtraction exact (`q − 8` as a
 /// float, `+0` for `q = 8`), which holds for every `d` (negative, zero, not finite) at one
 /// more operation per vector.
@@ -352,7 +352,8 @@ unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
     }
 }
 
-/// One 4-bit block (Q4_0/Q4_1) of 16 rows into the accumulators.
+/// One 4-bit block (Q4_0/Q4_1) of 16 rows, each weight vector to `out` (the dot products'
+/// accumulators or a strip). `MR` (activation rows) sets the register budget.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn block_q4<const DT: u8, const MR: usize>(
@@ -405,7 +406,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     }
 }
 
-/// One Q8_0 block of 16 rows into the accumulators.
+/// One Q8_0 block of 16 rows, each weight vector to `out`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 unsafe fn block_q8<const MR: usize>(

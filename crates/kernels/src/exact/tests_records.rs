@@ -49,6 +49,15 @@ fn quantized_rows(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// [`awkward_rows`] or [`quantized_rows`].
+fn test_rows(dtype: DType, n: usize, k: usize, seed: u64, awkward: bool) -> Vec<Vec<u8>> {
+    if awkward {
+        awkward_rows(dtype, n, k, seed)
+    } else {
+        quantized_rows(dtype, n, k, seed)
+    }
+}
+
 /// Rows of random quants with awkward f16 scales (and minimums). Each block index gets a
 /// class shared by all rows, so both dequantization paths run with every kind of value:
 /// positive finite scales of every size (the magic-exponent path when `C` is exact; for
@@ -124,11 +133,7 @@ proptest! {
         let dtype = BLOCKED[d];
         let k = 32 * kb;
         let seed = (n * 131 + k + d) as u64;
-        let rows = if awkward {
-            awkward_rows(dtype, n, k, seed)
-        } else {
-            quantized_rows(dtype, n, k, seed)
-        };
+        let rows = test_rows(dtype, n, k, seed, awkward);
         let (stored, repacked) = pair(dtype, rows, k, parts);
         let x = acts(m, k, (m * 7 + d) as u64);
         let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 1.0).collect();
@@ -150,11 +155,7 @@ proptest! {
         let dtype = BLOCKED[d];
         let k = 32 * kb;
         let seed = (n * 17 + k + d) as u64;
-        let rows = if awkward {
-            awkward_rows(dtype, n, k, seed)
-        } else {
-            quantized_rows(dtype, n, k, seed)
-        };
+        let rows = test_rows(dtype, n, k, seed, awkward);
         let (stored, repacked) = pair(dtype, rows, k, 1 + d % 2);
         let x = acts(m, k, (m * 3 + d) as u64);
         let pool = ThreadPool::new(units);
@@ -181,11 +182,7 @@ proptest! {
         let dtype = BLOCKED[d];
         let k = 32 * kb;
         let seed = (n * 13 + k + d) as u64;
-        let rows = if awkward {
-            awkward_rows(dtype, n, k, seed)
-        } else {
-            quantized_rows(dtype, n, k, seed)
-        };
+        let rows = test_rows(dtype, n, k, seed, awkward);
         let (stored, repacked) = pair(dtype, rows, k, 1 + d % 2);
         let x = acts(m, k, (m * 7 + d) as u64);
         let pool = ThreadPool::new(units);

@@ -445,6 +445,25 @@ unsafe fn block_q8<const MR: usize>(
     }
 }
 
+/// Block `b` of two groups (its records at `p0`, `p1`) to `out`: by the magic exponent when
+/// both records' bits are set in `fast` (bits `f0 + b` and `f1 + b`), else the general path.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
+unsafe fn block16<const DT: u8, const MR: usize>(
+    k: &Consts,
+    out: &mut impl Sink,
+    (p0, p1): (*const u8, *const u8),
+    b: usize,
+    (fast, f0, f1): (*const u8, usize, usize),
+) {
+    let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
+    let magic = bit(f0 + b) && bit(f1 + b);
+    match DT {
+        Q8_0 => block_q8::<MR>(k, out, p0, p1, 32 * b, magic),
+        _ => block_q4::<DT, MR>(k, out, p0, p1, 32 * b, magic),
+    }
+}
+
 /// Canonical dot products of `MR` activation rows `x[m]` (f32, `32 · blocks` each) with the
 /// 16 rows of two 8-row groups whose records start at `r0` and `r1` (`blocks` consecutive
 /// records each; `r1 == r0` is allowed, its results then repeat group 0's). `fast` is the
@@ -501,16 +520,11 @@ pub unsafe fn stream16<const DT: u8, const MR: usize>(
             _mm_prefetch::<_MM_HINT_T1>(p0.wrapping_add(far + line).cast());
             _mm_prefetch::<_MM_HINT_T1>(p1.wrapping_add(far + line).cast());
         }
-        let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
-        let magic = bit(f0 + b) && bit(f1 + b);
         let mut out = Dots {
             acc: &mut acc,
             x: &x,
         };
-        match DT {
-            Q8_0 => block_q8::<MR>(&k, &mut out, p0, p1, 32 * b, magic),
-            _ => block_q4::<DT, MR>(&k, &mut out, p0, p1, 32 * b, magic),
-        }
+        block16::<DT, MR>(&k, &mut out, (p0, p1), b, (fast, f0, f1));
     }
     let mut out = [[0f32; 16]; MR];
     for m in 0..MR {
@@ -548,12 +562,7 @@ pub unsafe fn decode_strip16<const DT: u8>(
         steps: 4 * blocks,
     };
     for b in 0..blocks {
-        let (p0, p1) = (r0.add(b * rb), r1.add(b * rb));
-        let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
-        let magic = bit(f0 + b) && bit(f1 + b);
-        match DT {
-            Q8_0 => block_q8::<1>(&k, &mut out, p0, p1, 32 * b, magic),
-            _ => block_q4::<DT, 1>(&k, &mut out, p0, p1, 32 * b, magic),
-        }
+        let recs = (r0.add(b * rb), r1.add(b * rb));
+        block16::<DT, 1>(&k, &mut out, recs, b, (fast, f0, f1));
     }
 }

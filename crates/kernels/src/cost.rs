@@ -429,21 +429,27 @@ fn predict_outer_us(
     let mc = (t.mc.max(mr) as f64).min(rows);
     let nc = (t.nc.max(nr) as f64).min(nn);
     let l3_bw = p.l3_gbs / units;
-    // The activations: from L3 once per `nc` block, and again for every strip when an `mc`
-    // block does not fit L2 beside the strips.
+    // The activations: from L3 once per `nc` block when an `mc` block fits L2 beside the
+    // strips, else once per strip (the block is gone by the next strip; the `nc` block's
+    // first read is one of those).
     let a_block = mc * kf * 4.0;
     let strips = nn / nr as f64;
-    let a_reads = (nn / nc).ceil()
-        + if a_block + nc * kf * 4.0 <= p.l2_bytes as f64 * 0.5 {
-            0.0
-        } else {
-            strips
-        };
+    let a_reads = if a_block + nc * kf * 4.0 <= p.l2_bytes as f64 * 0.5 {
+        (nn / nc).ceil()
+    } else {
+        strips
+    };
     let a_ns = a_reads * rows * kf * 4.0 / l3_bw;
-    // The weights: an `nc` block of strips past half of L2 comes from L3 again for every
-    // `mc` block (at K = 4096, `mc` = 48 measured 1.2x `mc` = 24).
-    let b_ns = if nc * kf * 4.0 > p.l2_bytes as f64 * 0.5 {
-        (rows / mc).ceil() * nn * kf * 4.0 / l3_bw
+    // The weights: an `nc` block of strips that does not fit L2 beside an `mc` block comes
+    // from L3 again for every `mc` block, and for the first one too when the strips alone
+    // fill L2 (written back by the pack before they are read). At K = 4096, `mc` = 48
+    // measured 1.2x `mc` = 24 with `nc` 128; at K = 11,008 one 1.4 MiB strip (`nc` 32) ran
+    // 3-12% ahead of `nc` 64-128, and `mc` 48-96 ahead of 24 (eleventh round).
+    let l2 = p.l2_bytes as f64;
+    let b_block = nc * kf * 4.0;
+    let b_ns = if b_block + a_block > l2 {
+        let first = if b_block >= l2 { 1.0 } else { 0.0 };
+        ((rows / mc).ceil() - 1.0 + first) * nn * kf * 4.0 / l3_bw
     } else {
         0.0
     };

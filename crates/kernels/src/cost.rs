@@ -33,6 +33,11 @@ pub struct MachineProfile {
     pub quant_elems_per_ns: f64,
     /// Cost of one parallel operation on the pool (dispatch + join), microseconds.
     pub dispatch_us: f64,
+    /// The macro packed tile's slowdown in a whole product per doubling of K past 576, on
+    /// top of its modelled traffic: its compute time is taken `1 + s · log2(K / 576)` times
+    /// (0 where not measured, and in profiles written before it was recorded).
+    #[serde(default)]
+    pub packed_k_slowdown: f64,
     /// L1 data cache of one core (profiles written before it was recorded: 32 KiB).
     #[serde(default = "default_l1_bytes")]
     pub l1_bytes: usize,
@@ -321,6 +326,9 @@ fn predict_packed_us(
     // L1 its lines start to be evicted.
     if mr as f64 * kc * 4.0 > p.l1_bytes as f64 * 0.45 {
         compute_ns *= 1.12;
+    }
+    if k > 576 {
+        compute_ns *= 1.0 + p.packed_k_slowdown * (kf / 576.0).log2();
     }
     let bpw = bytes_per_weight(dtype);
     let mut mem_ns = nn * kf * bpw / first_read_bw(p, nn * kf * bpw, units);

@@ -66,6 +66,11 @@ impl MachineProfile {
             l3_gbs: 120.0,
             dequant_elems_per_ns: 10.5,
             quant_elems_per_ns: 2.4,
+            // Whole products against the model, 2 units, interleaved (eleventh round): the
+            // 6 × 4 and 8 × 4 macro tiles ran 0.94-1.16x their prediction at K = 576,
+            // 1.17-1.25x at K = 1536 and 1.37-1.56x at K = 4096, M = 16-128; the outer
+            // tile 0.87-1.10x throughout.
+            packed_k_slowdown: 0.15,
             dispatch_us: 0.7,
             l1_bytes: 48 << 10,
             l2_bytes: 2 << 20,
@@ -119,6 +124,7 @@ impl MachineProfile {
             l3_gbs: 120.0,
             dequant_elems_per_ns: 7.5,
             quant_elems_per_ns: 1.96,
+            packed_k_slowdown: 0.0,
             dispatch_us: 0.44,
             l1_bytes: 32 << 10,
             l2_bytes: 1 << 20,
@@ -142,6 +148,7 @@ impl MachineProfile {
             l3_gbs: 120.0,
             dequant_elems_per_ns: 6.0,
             quant_elems_per_ns: 1.8,
+            packed_k_slowdown: 0.0,
             dispatch_us: 0.5,
             l1_bytes: 32 << 10,
             l2_bytes: 512 << 10,

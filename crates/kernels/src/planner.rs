@@ -290,8 +290,10 @@ impl Planner {
                     let (mcs, ncs) = if outer {
                         // (`mc` past 96 keeps the block's lane sums, 512 bytes a row,
                         // out of L1: 512 × 4096 × 4096 f32 ran 0.8x of `mc` = 96.)
-                        // `nc` past 128 holds its strips in L3 (each `nc · K` floats).
-                        (ladder(m.min(96), &[24, 48]), ladder(n8.min(128), &[32, 64]))
+                        // `nc` past 64 never won: in two sweeps (twelfth round, 204 rows)
+                        // every outer-tile oracle took `nc` 32 or 64, and at K = 1536 `nc`
+                        // 128 ran 1-10% behind 32 (its strips packed ahead, read from L2).
+                        (ladder(m.min(96), &[24, 48]), ladder(n8.min(64), &[32]))
                     } else {
                         (mcs.clone(), ncs.clone())
                     };

@@ -452,7 +452,7 @@ fn predict_outer_us(
     // from L3 again for every `mc` block, and for the first one too when the strips alone
     // fill L2 (written back by the pack before they are read). At K = 4096, `mc` = 48
     // measured 1.2x `mc` = 24 with `nc` 128; at K = 11,008 one 1.4 MiB strip (`nc` 32) ran
-    // 3-12% ahead of `nc` 64-128, and `mc` 48-96 ahead of 24 (eleventh round).
+    // 3-12% ahead of `nc` 64-128, and `mc` 48-96 ahead of 24 (twelfth round).
     let l2 = p.l2_bytes as f64;
     let b_block = nc * kf * 4.0;
     let b_ns = if b_block + a_block > l2 {

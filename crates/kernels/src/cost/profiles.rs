@@ -36,7 +36,7 @@ impl MachineProfile {
             ("f32stream16", 1, 16, 42.1),
             ("f32stream16", 2, 16, 48.6),
             ("f32stream16@q8_0", 1, 16, 43.9),
-            // (Two rows ran 1.22-1.25x one row in two `print_tile_rates` runs, eleventh
+            // (Two rows ran 1.22-1.25x one row in two `print_tile_rates` runs, twelfth
             // round, and 1.24-1.33x in whole M = 4 products: rated so against 1 × 16.)
             ("f32stream16@q8_0", 2, 16, 54.0),
             ("f32stream@f32", 1, 8, 38.1),
@@ -68,7 +68,7 @@ impl MachineProfile {
             l3_gbs: 120.0,
             dequant_elems_per_ns: 10.5,
             quant_elems_per_ns: 2.4,
-            // Whole products against the model, 2 units, interleaved (eleventh round): the
+            // Whole products against the model, 2 units, interleaved (twelfth round): the
             // 6 × 4 and 8 × 4 macro tiles ran 0.94-1.16x their prediction at K = 576,
             // 1.17-1.25x at K = 1536 and 1.37-1.56x at K = 4096, M = 16-128; the outer
             // tile 0.87-1.10x throughout.

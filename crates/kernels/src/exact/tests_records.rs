@@ -17,6 +17,41 @@ use crate::plan::F32Kernel;
 const BLOCKED: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
 
 /// The same rows as stored (`false`) and repacked (`true`), `parts` tensors stacked.
+/// The weight of a record test stored and repacked, activations, a pool and the reference
+/// product on the stored weight; `seeds`: the weight rows' and the activations'.
+struct Fixture {
+    x: Vec<f32>,
+    pool: ThreadPool,
+    repacked: GemmWeight,
+    want: Vec<f32>,
+}
+
+impl Fixture {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        dtype: DType,
+        m: usize,
+        n: usize,
+        k: usize,
+        units: usize,
+        awkward: bool,
+        seeds: (u64, u64),
+        parts: usize,
+    ) -> Self {
+        let rows = test_rows(dtype, n, k, seeds.0, awkward);
+        let (stored, repacked) = pair(dtype, rows, k, parts);
+        let x = acts(m, k, seeds.1);
+        let pool = ThreadPool::new(units);
+        let want = reference(&pool, &x, m, &stored, None);
+        Fixture {
+            x,
+            pool,
+            repacked,
+            want,
+        }
+    }
+}
+
 fn pair(dtype: DType, rows: Vec<Vec<u8>>, k: usize, parts: usize) -> (GemmWeight, GemmWeight) {
     let n = rows.len();
     let make = |repack: bool| {
@@ -152,14 +187,9 @@ proptest! {
         nr in 2usize..5, mc in 1usize..12, nc in 1usize..20, kcb in 0usize..3,
         units in 1usize..4, awkward in any::<bool>(),
     ) {
-        let dtype = BLOCKED[d];
-        let k = 32 * kb;
-        let seed = (n * 17 + k + d) as u64;
-        let rows = test_rows(dtype, n, k, seed, awkward);
-        let (stored, repacked) = pair(dtype, rows, k, 1 + d % 2);
-        let x = acts(m, k, (m * 3 + d) as u64);
-        let pool = ThreadPool::new(units);
-        let want = reference(&pool, &x, m, &stored, None);
+        let (dtype, k) = (BLOCKED[d], 32 * kb);
+        let f = Fixture::new(dtype, m, n, k, units, awkward, ((n * 17 + k + d) as u64, (m * 3 + d) as u64), 1 + d % 2);
+        let (x, pool, repacked, want) = (&f.x, &f.pool, &f.repacked, &f.want);
         let kc = 32 * kcb;
         let p = plan(F32Kernel::Packed, mr, nr, mc, nc, kc, (1, units));
         let got = run(&p, &pool, &x, m, &repacked, None);
@@ -179,14 +209,9 @@ proptest! {
         if !crate::exact::outer::available() {
             return Ok(());
         }
-        let dtype = BLOCKED[d];
-        let k = 32 * kb;
-        let seed = (n * 13 + k + d) as u64;
-        let rows = test_rows(dtype, n, k, seed, awkward);
-        let (stored, repacked) = pair(dtype, rows, k, 1 + d % 2);
-        let x = acts(m, k, (m * 7 + d) as u64);
-        let pool = ThreadPool::new(units);
-        let want = reference(&pool, &x, m, &stored, None);
+        let (dtype, k) = (BLOCKED[d], 32 * kb);
+        let f = Fixture::new(dtype, m, n, k, units, awkward, ((n * 13 + k + d) as u64, (m * 7 + d) as u64), 1 + d % 2);
+        let (x, pool, repacked, want) = (&f.x, &f.pool, &f.repacked, &f.want);
         let kc = 32 * kcb;
         for par in [(1, units), (units.min(m), 1)] {
             let p = plan(F32Kernel::Packed, mr, 16, mc, nc, kc, par);

@@ -48,18 +48,24 @@ cmp -s "$tmp/local16.json" "$tmp/mpi16.json" || fail "f16 KV: MPI logits differ 
 echo "ok: R=2 f16 KV over MPI bitwise equal to the local backend (and not to f32 KV)"
 passed=$((passed + 1))
 
-# The pid of the tessera process of MPI rank $1 (the newest one).
+# The pid of the tessera process of MPI rank $1 (the newest one); waits up to 10 s for it.
 rank_pid() {
-    for p in $(pgrep -f "tessera-mpi-test-marker" | sort -rn); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
-            echo "$p"
-            return
-        fi
+    for _ in $(seq 1 100); do
+        for p in $(pgrep -f "tessera-mpi-test-marker" | sort -rn); do
+            if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+                echo "$p"
+                return
+            fi
+        done
+        sleep 0.1
     done
 }
 
 # A long generation over 2 ranks; waits until it has produced text.
 start_long() {
+    # The previous run's output must not count as this one's: remove it before starting
+    # (the background job's own truncation may come after the first check below).
+    rm -f "$tmp/long.out" "$tmp/long.err"
     "${MPIRUN[@]}" -np 2 $BIN generate --prompt "tessera-mpi-test-marker Once upon a time" \
         --max-tokens 100000 --ignore-eos --temperature 0 --tp 2 --tp-backend mpi \
         --tp-timeout 2 >"$tmp/long.out" 2>"$tmp/long.err" &

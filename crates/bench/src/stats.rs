@@ -87,13 +87,18 @@ pub fn time_median<F: FnMut()>(rep: &Repeat, mut f: F) -> f64 {
 }
 
 /// Times several contenders in `rounds` interleaved rounds and returns each one's median
-/// seconds over all its timed runs. Each contender runs once untimed first; then every round
-/// times each contender in turn (round `r` starting at contender `r`, so none is always the
-/// first after a pause) for `rep.min_time / rounds` (at least one run, at most
-/// `rep.max_runs / rounds`), calling `between(i)` after contender `i`'s share (OpenBLAS uses
-/// it to let its spinning threads stop). On a host whose speed changes for seconds at a time,
-/// a slow spell then falls on every contender of a comparison alike instead of on whichever
-/// one happened to be running.
+/// seconds over all its timed runs. Every round times each contender in turn (round `r`
+/// starting at contender `r`, so none is always the first after a pause) for
+/// `rep.min_time / rounds` (at least one run, at most `rep.max_runs / rounds`), calling
+/// `between(i)` after contender `i`'s share (OpenBLAS uses it to let its spinning threads
+/// stop). On a host whose speed changes for seconds at a time, a slow spell then falls on
+/// every contender of a comparison alike instead of on whichever one happened to be running.
+///
+/// Each share starts with one untimed run. The cyclic order never changes, so without it a
+/// contender would always run right after the same other one and pay for that one's cache
+/// footprint in every round: in the twelfth round's sweep the planned plan always followed
+/// OpenBLAS, whose own f32 copy of a large weight pushed the planned plan's out of the last
+/// level cache, and its M = 1 figure read half that of the fixed strategies timed beside it.
 pub fn time_interleaved(
     rep: &Repeat,
     rounds: usize,
@@ -107,14 +112,11 @@ pub fn time_interleaved(
         max_runs: (rep.max_runs / rounds).max(1),
     };
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); contenders.len()];
-    for (i, f) in contenders.iter_mut().enumerate() {
-        f();
-        between(i);
-    }
     let count = contenders.len();
     for r in 0..rounds {
         for i in (0..count).map(|j| (j + r) % count) {
             let f = &mut contenders[i];
+            f();
             let mut spent = Duration::ZERO;
             let mut runs = 0;
             while share.wants_more(runs, spent) {
@@ -174,10 +176,10 @@ mod tests {
         });
         assert_eq!(t.len(), 2);
         assert!(t.iter().all(|&s| s >= 0.0 && s.is_finite()));
-        // Warm-ups, then three rounds of one run each (3 runs split over 3 rounds), each
-        // round starting one contender further on.
+        // Three rounds of one run each (3 runs split over 3 rounds), each share after an
+        // untimed warm-up run, each round starting one contender further on.
         let got: String = log.into_inner().into_iter().collect();
-        assert_eq!(got, "a|b/a|b/b/a|a|b/");
+        assert_eq!(got, "aa|bb/bb/aa|aa|bb/");
     }
 
     #[test]

@@ -441,11 +441,7 @@ fn tensor_size(t: &TensorInfo, dtype: DType) -> Result<usize> {
             quote(&t.name)
         ))
     })?;
-    let rows = if inner == 0 {
-        0
-    } else {
-        numel as usize / inner
-    };
+    let rows = (numel as usize).checked_div(inner).unwrap_or(0);
     rows.checked_mul(row)
         .ok_or_else(|| bad(format!("tensor {}: size overflows", quote(&t.name))))
 }

@@ -15,6 +15,9 @@ use tessera_formats::ModelConfig;
 
 use crate::{permute_rows, permutes_qk, transpose, AdapterFormat, LoraAdapter, LoraModule, Target};
 
+/// A tensor read from the adapter file: its shape and its values as f32.
+type Tensor = (Vec<usize>, Vec<f32>);
+
 fn bad(path: &Path, msg: impl Into<String>) -> Error {
     Error::Config(format!("adapter {}: {}", path.display(), msg.into()))
 }
@@ -239,7 +242,7 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::malformed("safetensors", format!("{}: {e}", st_path.display())))?;
     // (layer, target) -> (A, B, module name)
-    let mut pairs: HashMap<(usize, Target), [Option<(Vec<usize>, Vec<f32>)>; 2]> = HashMap::new();
+    let mut pairs: HashMap<(usize, Target), [Option<Tensor>; 2]> = HashMap::new();
     let mut names: HashMap<(usize, Target), String> = HashMap::new();
     for (name, t) in st.tensors() {
         let Some((layer, target, is_b, full)) = parse_name(&name) else {

@@ -192,8 +192,8 @@ proptest! {
         let (x, pool, repacked, want) = (&f.x, &f.pool, &f.repacked, &f.want);
         let kc = 32 * kcb;
         let p = plan(F32Kernel::Packed, mr, nr, mc, nc, kc, (1, units));
-        let got = run(&p, &pool, &x, m, &repacked, None);
-        prop_assert!(same(&got, &want), "{} {}x{} mc={} nc={} kc={}", dtype, mr, nr, mc, nc, kc);
+        let got = run(&p, pool, x, m, repacked, None);
+        prop_assert!(same(&got, want), "{} {}x{} mc={} nc={} kc={}", dtype, mr, nr, mc, nc, kc);
     }
 
     /// The outer-product tile (`nr ≥ 16`) on records, whose strips are decoded straight
@@ -215,8 +215,8 @@ proptest! {
         let kc = 32 * kcb;
         for par in [(1, units), (units.min(m), 1)] {
             let p = plan(F32Kernel::Packed, mr, 16, mc, nc, kc, par);
-            let got = run(&p, &pool, &x, m, &repacked, None);
-            prop_assert!(same(&got, &want), "{} {}x16 mc={} nc={} kc={} {:?}", dtype, mr, mc, nc, kc, par);
+            let got = run(&p, pool, x, m, repacked, None);
+            prop_assert!(same(&got, want), "{} {}x16 mc={} nc={} kc={} {:?}", dtype, mr, mc, nc, kc, par);
         }
     }
 

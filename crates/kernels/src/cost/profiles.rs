@@ -33,12 +33,17 @@ impl MachineProfile {
             ("f32dot", 1, 8, 51.2),
             ("f32dot", 4, 2, 58.8),
             ("f32dot", 1, 1, 21.2),
-            ("f32stream16", 1, 16, 42.1),
-            ("f32stream16", 2, 16, 48.6),
-            ("f32stream16@q8_0", 1, 16, 43.9),
-            // (Two rows ran 1.22-1.25x one row in two `print_tile_rates` runs, twelfth
-            // round, and 1.24-1.33x in whole M = 4 products: rated so against 1 × 16.)
-            ("f32stream16@q8_0", 2, 16, 54.0),
+            // The stream tiles rated by whole products, not by `print_tile_rates` on L1
+            // data (42.1, 48.6, 43.9, 54.0 before the thirteenth round): at M = 2-8, 576 ×
+            // 576 to 4096 × 4096, 2 units, interleaved, they ran 1.2-1.4x (Q4_1 2 × 16) and
+            // 1.9-2.0x (Q8_0 2 × 16) their predicted time where the outer-product tile ran
+            // 0.83-0.95x its own (the twelfth round found the Q8_0 2 × 16 tile 1.7x at M =
+            // 8 too); one Q4_1 row ran 1.6-1.7x one row per row (one unit, whole products),
+            // two Q8_0 rows 1.22-1.33x (twelfth round).
+            ("f32stream16", 1, 16, 22.5),
+            ("f32stream16", 2, 16, 36.0),
+            ("f32stream16@q8_0", 1, 16, 24.4),
+            ("f32stream16@q8_0", 2, 16, 30.0),
             ("f32stream@f32", 1, 8, 38.1),
             ("f32stream@f32", 1, 4, 37.1),
             ("f32stream@f32", 2, 2, 51.3),
@@ -54,6 +59,7 @@ impl MachineProfile {
             // (`time_exact_kernels`, interleaved); the rate fits those with the packing,
             // finish and activation traffic costed apart (`predict_outer_us`).
             ("f32packed16", 12, 32, 105.0),
+            ("f32packed16", 8, 32, 105.0),
             ("q8x8", 1, 8, 89.7),
             ("q8x8", 2, 8, 101.6),
             ("q8x8", 3, 8, 94.6),

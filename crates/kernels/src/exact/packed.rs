@@ -44,7 +44,7 @@ fn wide(nr: usize) -> bool {
 pub fn packed_tiles() -> &'static [(usize, usize)] {
     if crate::isa::avx512_exact() {
         // The macro tiles, and the outer-product tile at AVX-512 width.
-        &[(8, 4), (6, 4), (4, 4), (8, 2), (12, 32)]
+        &[(8, 4), (6, 4), (4, 4), (8, 2), (12, 32), (8, 32)]
     } else if super::outer::available() {
         // The macro tiles, and the outer-product tile (`super::outer`).
         &[(3, 4), (2, 4), (4, 3), (4, 2), (6, 16)]

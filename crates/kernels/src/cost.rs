@@ -38,6 +38,11 @@ pub struct MachineProfile {
     /// (0 where not measured, and in profiles written before it was recorded).
     #[serde(default)]
     pub packed_k_slowdown: f64,
+    /// What the macro packed tile's panel costs per quantized weight element beyond the
+    /// decode rate, ns (0 where not measured, and in profiles written before it was
+    /// recorded; the outer-product tile's strips are charged 0.1 on every profile).
+    #[serde(default)]
+    pub packed_quant_pack_ns: f64,
     /// L1 data cache of one core (profiles written before it was recorded: 32 KiB).
     #[serde(default = "default_l1_bytes")]
     pub l1_bytes: usize,
@@ -376,12 +381,13 @@ fn predict_packed_us(
     }
     mem_ns = mem_ns.max(a_bytes / a_bw + b_ns);
     let tiles = tiles_m * (nn / nr as f64);
-    // Every weight dequantized once into the panel. Quantized weights cost ~0.1 ns an
-    // element beyond the decode rate, as in the outer tile's strips (`predict_outer_us`):
-    // without it the macro tile at M = 8 ran 1.3-1.7x its prediction on Q4_1 and Q8_0
-    // weights (576 × 576 to 4096 × 4096, 2 units, interleaved; thirteenth round), and the
-    // difference was that term to within 10%; on f32 weights (a copy) it ran 0.9x.
-    let pack_ns = if dtype.is_quantized() { 0.1 } else { 0.0 };
+    // Every weight dequantized once into the panel, quantized ones at a profile's extra
+    // cost per element (see the AVX-512 profile).
+    let pack_ns = if dtype.is_quantized() {
+        p.packed_quant_pack_ns
+    } else {
+        0.0
+    };
     let mut extra_ns = nn * kf * (1.0 / p.dequant_elems_per_ns + pack_ns);
     if panel_bytes > half_l2 {
         // A panel past L2 makes a round trip through L3 that nothing overlaps: it is written

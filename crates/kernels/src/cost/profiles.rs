@@ -33,13 +33,16 @@ impl MachineProfile {
             ("f32dot", 1, 8, 51.2),
             ("f32dot", 4, 2, 58.8),
             ("f32dot", 1, 1, 21.2),
-            // The stream tiles rated by whole products, not by `print_tile_rates` on L1
-            // data (42.1, 48.6, 43.9, 54.0 before the thirteenth round): at M = 2-8, 576 ×
-            // 576 to 4096 × 4096, 2 units, interleaved, they ran 1.2-1.4x (Q4_1 2 × 16) and
-            // 1.9-2.0x (Q8_0 2 × 16) their predicted time where the outer-product tile ran
-            // 0.83-0.95x its own (the twelfth round found the Q8_0 2 × 16 tile 1.7x at M =
-            // 8 too); one Q4_1 row ran 1.6-1.7x one row per row (one unit, whole products),
-            // two Q8_0 rows 1.22-1.33x (twelfth round).
+            // The stream tiles rated by whole products (42.1, 48.6, 43.9, 54.0 before the
+            // thirteenth round): at M = 2-8, 576 × 576 to 4096 × 4096, 2 units, interleaved,
+            // they ran 1.2-1.4x (Q4_1 2 × 16) and 1.9-2.0x (Q8_0 2 × 16) their predicted time
+            // where the outer-product tile ran 0.83-0.95x its own (the twelfth round found the
+            // Q8_0 2 × 16 tile 1.7x at M = 8 too). `print_tile_rates` in the same session read
+            // the stream tiles at 0.5-0.8 of their old rates and the packed tiles at 0.8-1.0,
+            // one-unit whole products at M = 8 level with it for Q4_1 2 × 16 (38.5 against
+            // 37.9-39.1) and below it for Q8_0 (29.5 against 34.8-47.3). Two Q4_1 rows ran
+            // 1.6-1.7x one row (one unit, whole products), two Q8_0 rows 1.22-1.33x (twelfth
+            // round).
             ("f32stream16", 1, 16, 22.5),
             ("f32stream16", 2, 16, 36.0),
             ("f32stream16@q8_0", 1, 16, 24.4),

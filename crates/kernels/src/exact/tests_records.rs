@@ -16,7 +16,6 @@ use crate::plan::F32Kernel;
 
 const BLOCKED: [DType; 3] = [DType::Q4_0, DType::Q4_1, DType::Q8_0];
 
-/// The same rows as stored (`false`) and repacked (`true`), `parts` tensors stacked.
 /// The weight of a record test stored and repacked, activations, a pool and the reference
 /// product on the stored weight; `seeds`: the weight rows' and the activations'.
 struct Fixture {
@@ -52,6 +51,7 @@ impl Fixture {
     }
 }
 
+/// The same rows as stored (`false`) and repacked (`true`), `parts` tensors stacked.
 fn pair(dtype: DType, rows: Vec<Vec<u8>>, k: usize, parts: usize) -> (GemmWeight, GemmWeight) {
     let n = rows.len();
     let make = |repack: bool| {

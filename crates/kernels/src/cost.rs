@@ -40,9 +40,14 @@ pub struct MachineProfile {
     pub packed_k_slowdown: f64,
     /// What the macro packed tile's panel costs per quantized weight element beyond the
     /// decode rate, ns (0 where not measured, and in profiles written before it was
-    /// recorded; the outer-product tile's strips are charged 0.1 on every profile).
+    /// recorded).
     #[serde(default)]
     pub packed_quant_pack_ns: f64,
+    /// What the outer-product tile's strips cost per weight element beyond the decode rate,
+    /// ns (0.1, fitted on a Zen3 and kept on the Xeon, where not measured and in profiles
+    /// written before it was recorded).
+    #[serde(default = "default_outer_strip_pack_ns")]
+    pub outer_strip_pack_ns: f64,
     /// L1 data cache of one core (profiles written before it was recorded: 32 KiB).
     #[serde(default = "default_l1_bytes")]
     pub l1_bytes: usize,
@@ -55,6 +60,10 @@ pub struct MachineProfile {
 
 fn default_l1_bytes() -> usize {
     32 << 10
+}
+
+fn default_outer_strip_pack_ns() -> f64 {
+    0.1
 }
 
 /// One register tile's measured throughput.
@@ -479,7 +488,7 @@ fn predict_outer_us(
     // units, alternating: equal at 512 × 576 × 576 Q4_1, the outer tile 8% ahead at 512 ×
     // 576 × 1536 f32, 20% at K = 1536, 30% at K = 4096.)
     let mut extra_ns = rows * kf / (p.dequant_elems_per_ns * 2.0)
-        + nn * kf * (1.0 / p.dequant_elems_per_ns + 0.1)
+        + nn * kf * (1.0 / p.dequant_elems_per_ns + p.outer_strip_pack_ns)
         + rows * nn * 1.5;
     // Per tile, strip and lane: a call of ~25 cycles of setup and stores.
     extra_ns += (rows / mr as f64).ceil() * strips * 8.0 * 8.0;

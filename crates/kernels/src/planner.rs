@@ -433,6 +433,20 @@ mod tests {
         }
     }
 
+    /// A profile cached before `outer_strip_pack_ns` was recorded reads back with the 0.1 ns
+    /// every profile was charged then; the Zen 4 profile's own figure survives a round trip.
+    #[test]
+    fn profiles_without_the_strip_charge_read_back_with_the_old_one() {
+        let zen4 = MachineProfile::zen4_default("test");
+        let mut v = serde_json::to_value(&zen4).unwrap();
+        let back: MachineProfile = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(back, zen4);
+        v.as_object_mut().unwrap().remove("outer_strip_pack_ns");
+        let old: MachineProfile = serde_json::from_value(v).unwrap();
+        assert_eq!(old.outer_strip_pack_ns, 0.1);
+        assert_ne!(zen4.outer_strip_pack_ns, 0.1);
+    }
+
     /// The packed kernel's loop order in the model: with K in several blocks a larger `mc`
     /// reads the `nc × K` panel from L3 fewer times (so it is predicted faster), and with K
     /// in one block `mc` changes nothing for the macro tiles (one candidate per tile and

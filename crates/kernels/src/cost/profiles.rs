@@ -87,6 +87,7 @@ impl MachineProfile {
             // and 0.9x on f32 (a copy); 0.1 ns an element, as the outer tile's strips are
             // charged, matched the difference within 10%.
             packed_quant_pack_ns: 0.1,
+            outer_strip_pack_ns: 0.1,
             dispatch_us: 0.7,
             l1_bytes: 48 << 10,
             l2_bytes: 2 << 20,
@@ -98,7 +99,9 @@ impl MachineProfile {
     /// Measured on 2 vCPUs of an AMD EPYC Zen 4 (AVX-512 on 256-bit units: the same FMA
     /// peak per cycle as AVX2, 32 KiB L1d, 1 MiB L2 per core, 32 MiB L3), by
     /// `calibrate::measure_profile` (`print_profile`, `print_tile_rates`), the mean of two
-    /// quiet runs, rounded (the AVX2 f32 stream tiles ordered as the sweeps found them).
+    /// quiet runs, rounded (the AVX2 f32 stream tiles ordered as the sweeps found them);
+    /// the outer-product tile and the macro tile's K slowdown fitted to whole products
+    /// (fourteenth round).
     pub fn zen4_default(cpu: &str) -> Self {
         let tiles = [
             ("f32dot", 1, 4, 36.0),
@@ -110,9 +113,11 @@ impl MachineProfile {
             ("f32dot", 4, 2, 55.0),
             ("f32dot", 1, 1, 14.0),
             // The stream kernel after its shift-and-select decode and far prefetch
-            // (`print_tile_rates`, the mean of two quiet runs).
+            // (`print_tile_rates`, the mean of two quiet runs). The Q4_1 2 × 16 tile was
+            // 64.2: whole products at M = 8-16, K 1536-11,008, 2 units, ran 1.09-1.18x the
+            // time that predicted (fourteenth round; `print_tile_rates` read 57-63).
             ("f32stream16", 1, 16, 37.4),
-            ("f32stream16", 2, 16, 64.2),
+            ("f32stream16", 2, 16, 57.0),
             ("f32stream16@q8_0", 1, 16, 38.8),
             ("f32stream16@q8_0", 2, 16, 34.3),
             // (1x8 and 1x4 swapped places between the two runs; in three sweeps the 1x4
@@ -126,6 +131,15 @@ impl MachineProfile {
             ("f32packed16", 6, 4, 100.0),
             ("f32packed16", 4, 4, 93.0),
             ("f32packed16", 8, 2, 58.0),
+            // The outer-product tile (`x86::avx512_outer`), first rated here in the
+            // fourteenth round (unrated, the fallback estimate ranked it last): 105-111 alone
+            // on L1 data (`time_outer_tile`, one-unit peak 115), 85-93 in
+            // `print_tile_rates`' small product. Whole products, 2 units, against the macro
+            // tile the profile chose: 1.07-1.52x at M = 16-512 and K 1536-11,008 (all three
+            // dtypes), 0.94-0.98x at K = 576 (M = 512), where this rating keeps the macro
+            // tile; 100 predicts them within 0.92-1.17 (the strips charged as below).
+            ("f32packed16", 12, 32, 100.0),
+            ("f32packed16", 8, 32, 100.0),
             ("q8x8", 1, 8, 73.0),
             ("q8x8", 2, 8, 77.0),
             ("q8x8", 3, 8, 86.0),
@@ -140,8 +154,16 @@ impl MachineProfile {
             l3_gbs: 120.0,
             dequant_elems_per_ns: 7.5,
             quant_elems_per_ns: 1.96,
-            packed_k_slowdown: 0.0,
+            // The 6 × 4 macro tile at M = 512, 2 units (fourteenth round): 0.95x its
+            // prediction at K = 576, 1.10x at K = 1536, 1.12-1.14x at K = 4096, 1.29x at
+            // K = 11,008.
+            packed_k_slowdown: 0.07,
             packed_quant_pack_ns: 0.0,
+            // The outer tile's whole products at M = 8-64 (Q4_1, Q8_0; 2 units) fit
+            // 111 GFLOP/s per unit plus 0.167 ns per strip element: the decode rate below
+            // (0.133 ns) and 0.03 more. The Zen3's 0.1 charged 1.2x the measured time at
+            // M = 16.
+            outer_strip_pack_ns: 0.03,
             dispatch_us: 0.44,
             l1_bytes: 32 << 10,
             l2_bytes: 1 << 20,
@@ -167,6 +189,7 @@ impl MachineProfile {
             quant_elems_per_ns: 1.8,
             packed_k_slowdown: 0.0,
             packed_quant_pack_ns: 0.0,
+            outer_strip_pack_ns: 0.1,
             dispatch_us: 0.5,
             l1_bytes: 32 << 10,
             l2_bytes: 512 << 10,

@@ -87,7 +87,7 @@ impl MachineProfile {
             // and 0.9x on f32 (a copy); 0.1 ns an element, as the outer tile's strips are
             // charged, matched the difference within 10%.
             packed_quant_pack_ns: 0.1,
-            outer_strip_pack_ns: 0.1,
+            outer_strip_pack_ns: super::default_outer_strip_pack_ns(),
             dispatch_us: 0.7,
             l1_bytes: 48 << 10,
             l2_bytes: 2 << 20,
@@ -189,7 +189,7 @@ impl MachineProfile {
             quant_elems_per_ns: 1.8,
             packed_k_slowdown: 0.0,
             packed_quant_pack_ns: 0.0,
-            outer_strip_pack_ns: 0.1,
+            outer_strip_pack_ns: super::default_outer_strip_pack_ns(),
             dispatch_us: 0.5,
             l1_bytes: 32 << 10,
             l2_bytes: 512 << 10,

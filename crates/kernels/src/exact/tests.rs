@@ -337,6 +337,7 @@ fn time_exact_kernels() {
         let x = acts(m, k, 2);
         let mut out = vec![0f32; m * n];
         let planner = Planner::untuned();
+        let profile = crate::cost::MachineProfile::default_for(&crate::planner::cpu_model());
         let key = ShapeKey::new(m, k, n, dtype, Precision::Exact, units);
         let mut plans = vec![planner.plan(&key)];
         let extra = std::env::var("TESSERA_PLANS").unwrap_or_default();
@@ -372,7 +373,8 @@ fn time_exact_kernels() {
             let med = times[3];
             let gf = 2.0 * (m * k * n) as f64 / med / 1e9;
             let gbs = (n * k) as f64 * crate::cost::bytes_per_weight(dtype) / med / 1e9;
-            println!("m={m} k={k} n={n} {dtype}: {:<70} {:8.1} us {:6.1} GFLOP/s {:5.1} GB/s (best {:.1} us)", p.tile.to_string(), med * 1e6, gf, gbs, times[0] * 1e6);
+            let predicted = crate::cost::predict_us(&profile, p, m, k, n, dtype);
+            println!("m={m} k={k} n={n} {dtype}: {:<70} {:8.1} us {:6.1} GFLOP/s {:5.1} GB/s (best {:.1} us, predicted {predicted:.1} us)", p.tile.to_string(), med * 1e6, gf, gbs, times[0] * 1e6);
         }
     }
 }

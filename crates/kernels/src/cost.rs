@@ -468,7 +468,17 @@ fn predict_outer_us(
     } else {
         strips
     };
-    let a_ns = a_reads * rows * kf * 4.0 / l3_bw;
+    // Each unit packs its own rows (all of them under an N split): past 0.4 of L3 across the
+    // units (the L3 is shared with the weights' traffic and other tenants) the packed rows
+    // are re-read from DRAM. (Zen 4, 32 MiB L3, 512 × 4096 × 4096-11,008, 2 units: the N
+    // split's two 8 MiB copies ran 0.86-0.91x the M split's two 4 MiB halves on all three
+    // dtypes; at M = 256 the two were level. Fifteenth round.)
+    let a_bw = if rows * kf * 4.0 * units > p.l3_bytes as f64 * 0.4 {
+        p.dram_gbs / units
+    } else {
+        l3_bw
+    };
+    let a_ns = a_reads * rows * kf * 4.0 / a_bw;
     // The weights: an `nc` block of strips that does not fit L2 beside an `mc` block comes
     // from L3 again for every `mc` block, and for the first one too when the strips alone
     // fill L2 (written back by the pack before they are read). At K = 4096, `mc` = 48

@@ -447,6 +447,36 @@ mod tests {
         assert_ne!(zen4.outer_strip_pack_ns, 0.1);
     }
 
+    /// The outer-product tile's split in the model: each unit packs its own activation rows,
+    /// all of them under an N split, and two copies past 0.4 of L3 are re-read from DRAM, so
+    /// on the Zen 4 profile (32 MiB L3) M = 512 at K = 4096 splits M, while at M = 256 (two
+    /// 8 MiB copies) the two splits stay within a few percent.
+    #[test]
+    fn outer_tile_splits_m_when_two_copies_of_the_activations_overflow_l3() {
+        let p = Planner::new(MachineProfile::zen4_default("test"), TuningCache::default());
+        let outer = |m: usize, parts: (usize, usize)| {
+            let key = ShapeKey::new(m, 4096, 4096, DType::Q8_0, Precision::Exact, 2);
+            p.candidates(&key)
+                .into_iter()
+                .find(|c| {
+                    c.tile.kernel == F32Kernel::Packed
+                        && c.tile.nr >= crate::exact::OUTER_STRIP
+                        && (c.tile.mc, c.tile.nc) == (24, 32)
+                        && c.parallel.parts() == parts
+                })
+                .map(|c| c.predicted_us)
+        };
+        let (Some(n512), Some(m512)) = (outer(512, (1, 2)), outer(512, (2, 1))) else {
+            return; // no outer-product tile on this ISA
+        };
+        assert!(m512 < n512 * 0.97, "M split {m512} us, N split {n512} us");
+        let (n256, m256) = (outer(256, (1, 2)).unwrap(), outer(256, (2, 1)).unwrap());
+        assert!(
+            (n256 / m256 - 1.0).abs() < 0.03,
+            "M split {m256} us, N split {n256} us"
+        );
+    }
+
     /// The packed kernel's loop order in the model: with K in several blocks a larger `mc`
     /// reads the `nc × K` panel from L3 fewer times (so it is predicted faster), and with K
     /// in one block `mc` changes nothing for the macro tiles (one candidate per tile and

@@ -450,7 +450,7 @@ mod tests {
     /// The outer-product tile's split in the model: each unit packs its own activation rows,
     /// all of them under an N split, and two copies past 0.4 of L3 are re-read from DRAM, so
     /// on the Zen 4 profile (32 MiB L3) M = 512 at K = 4096 splits M, while at M = 256 (two
-    /// 8 MiB copies) the two splits stay within a few percent.
+    /// 4 MiB copies) the two splits stay within a few percent.
     #[test]
     fn outer_tile_splits_m_when_two_copies_of_the_activations_overflow_l3() {
         let p = Planner::new(MachineProfile::zen4_default("test"), TuningCache::default());

@@ -336,8 +336,9 @@ fn time_exact_kernels() {
         let w = GemmWeight::stacked(w.parts, crate::wants_repack(Precision::Exact)).unwrap();
         let x = acts(m, k, 2);
         let mut out = vec![0f32; m * n];
-        let planner = Planner::untuned();
+        // The untuned planner's own profile, kept to print each plan's prediction.
         let profile = crate::cost::MachineProfile::default_for(&crate::planner::cpu_model());
+        let planner = Planner::new(profile.clone(), crate::planner::TuningCache::default());
         let key = ShapeKey::new(m, k, n, dtype, Precision::Exact, units);
         let mut plans = vec![planner.plan(&key)];
         let extra = std::env::var("TESSERA_PLANS").unwrap_or_default();

@@ -477,6 +477,28 @@ mod tests {
         );
     }
 
+    /// A one-row GEMV over short stored rows past L3 (the 576 × 49,152 f32 lm head) is
+    /// predicted faster on 8-row stream tiles (18 KiB a tile) than on 4-row ones (9 KiB);
+    /// from L3 (576 × 1536), and over long rows (4096 × 4096), the two stay within 2%.
+    #[test]
+    fn one_row_gemv_over_short_rows_past_l3_prefers_eight_row_tiles() {
+        let p = Planner::new(MachineProfile::zen4_default("test"), TuningCache::default());
+        let stream = |k: usize, n: usize, nr: usize| {
+            let key = ShapeKey::new(1, k, n, DType::F32, Precision::Exact, 2);
+            p.candidates(&key)
+                .into_iter()
+                .filter(|c| c.tile.kernel == F32Kernel::Stream && c.tile.nr == nr)
+                .map(|c| c.predicted_us)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (four, eight) = (stream(576, 49152, 4), stream(576, 49152, 8));
+        assert!(eight < four * 0.9, "1x8 {eight} us, 1x4 {four} us");
+        for (k, n) in [(576, 1536), (4096, 4096)] {
+            let (four, eight) = (stream(k, n, 4), stream(k, n, 8));
+            assert!((eight / four - 1.0).abs() < 0.02, "{k}x{n}: 1x8 {eight}, 1x4 {four}");
+        }
+    }
+
     /// The packed kernel's loop order in the model: with K in several blocks a larger `mc`
     /// reads the `nc × K` panel from L3 fewer times (so it is predicted faster), and with K
     /// in one block `mc` changes nothing for the macro tiles (one candidate per tile and

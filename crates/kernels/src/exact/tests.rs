@@ -312,7 +312,8 @@ fn planner_picks_stream_for_decode_and_packed_for_prefill() {
 }
 
 /// Times kernels on model shapes, one unit (`cargo test --release -p tessera-kernels --
-/// --ignored --nocapture time_exact_kernels`; `TESSERA_SHAPES=m,k,n,dtype;...`).
+/// --ignored --nocapture time_exact_kernels`; `TESSERA_SHAPES=m,k,n,dtype;...`,
+/// `TESSERA_UNITS`, `TESSERA_PLANS` (below), `TESSERA_COLD=1`: weights from DRAM).
 #[test]
 #[ignore]
 fn time_exact_kernels() {
@@ -332,8 +333,21 @@ fn time_exact_kernels() {
         );
         let dtype = DType::parse(f[3]).unwrap();
         // As the model loads it (repacked where the exact stream kernel reads the repack).
-        let w = weight(dtype, n, k, 1, 1);
-        let w = GemmWeight::stacked(w.parts, crate::wants_repack(Precision::Exact)).unwrap();
+        // `TESSERA_COLD=1`: copies of the weight past twice the last-level cache, a product
+        // over each in turn, so that the weights come from DRAM as in a model's step.
+        let cold = std::env::var("TESSERA_COLD").is_ok_and(|v| v == "1");
+        let stored = weight(dtype, n, k, 1, 1).parts[0].bytes.as_slice().len().max(1);
+        let copies = if cold {
+            (2 * crate::calibrate::last_level_cache_bytes()).div_ceil(stored)
+        } else {
+            1
+        };
+        let ws: Vec<GemmWeight> = (0..copies)
+            .map(|_| {
+                let w = weight(dtype, n, k, 1, 1);
+                GemmWeight::stacked(w.parts, crate::wants_repack(Precision::Exact)).unwrap()
+            })
+            .collect();
         let x = acts(m, k, 2);
         let mut out = vec![0f32; m * n];
         // The untuned planner's own profile, kept to print each plan's prediction.
@@ -363,7 +377,7 @@ fn time_exact_kernels() {
                 let t = std::time::Instant::now();
                 let mut reps = 0;
                 while t.elapsed().as_secs_f64() < 0.05 || reps < 2 {
-                    execute(&pool, p, &x, m, &w, None, &mut out);
+                    execute(&pool, p, &x, m, &ws[reps % copies], None, &mut out);
                     reps += 1;
                 }
                 ts.push(t.elapsed().as_secs_f64() / reps as f64);

@@ -5,7 +5,7 @@ mod cold;
 mod report;
 mod strategies;
 
-pub use cold::{Cold, COLD_MAX_M};
+pub use cold::{Cold, COLD_MAX_M, COLD_ORACLE_MAX_M};
 pub use report::{
     assign_best_fixed, bandwidth_bound_gflops, dtype_name, plan_short, summarize, Machine, Row,
     Summary,
@@ -63,7 +63,8 @@ pub struct GemmConfig {
     pub json: bool,
     pub plot: Option<PathBuf>,
     pub seed: u64,
-    /// Also time the planned plan with the weights coming from DRAM, for M <= [`COLD_MAX_M`].
+    /// Also time the planned plan with the weights coming from DRAM, for M <= [`COLD_MAX_M`],
+    /// and against the oracle so, for M <= [`COLD_ORACLE_MAX_M`].
     pub cold: bool,
 }
 
@@ -211,7 +212,7 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                 pb.set_message(format!("{}: weights {k}x{n}", dtype_name(dtype)));
                 let (bytes, wf32) = random_weight_bytes(dtype, n, k, cfg.seed);
                 let w = weight_of(&bytes, dtype, n, k, repack)?;
-                let copies = if cfg.cold && ms.iter().any(|&m| m <= COLD_MAX_M) {
+                let copies = if cfg.cold && ms.iter().any(|&m| m <= COLD_ORACLE_MAX_M) {
                     pb.set_message(format!("{}: cold copies of {k}x{n}", dtype_name(dtype)));
                     cold::cold_copies(bytes.len(), || weight_of(&bytes, dtype, n, k, repack))?
                 } else {
@@ -321,6 +322,16 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                     let gflops_openblas = blas_row.map(|_| gflops(m, k, n, times[plans.len()]));
                     let cold = (!copies.is_empty() && m <= COLD_MAX_M)
                         .then(|| cold::measure_cold(&pool, &planned, xs, m, k, n, &copies, cs));
+                    let cold_over_oracle =
+                        (!copies.is_empty() && m <= COLD_ORACLE_MAX_M).then(|| {
+                            if same_plan(&planned, &oracle.0) {
+                                1.0
+                            } else {
+                                cold::planned_over_oracle(
+                                    &pool, &planned, &oracle.0, xs, m, &copies, cs,
+                                )
+                            }
+                        });
                     rows.push(Row {
                         m,
                         k,
@@ -336,6 +347,7 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                         fixed_name: String::new(),
                         gflops_openblas,
                         cold,
+                        cold_over_oracle,
                     });
                     pb.inc(1);
                 }

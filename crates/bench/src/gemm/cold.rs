@@ -19,6 +19,11 @@ use crate::stats::{gflops, median};
 /// The largest M measured cold (where the weights' streaming bounds the product).
 pub const COLD_MAX_M: usize = 4;
 
+/// The largest M whose oracle is also judged cold ([`planned_over_oracle`]): a model's step
+/// reads its weights from DRAM, and at small M a tile that packs the weights first can win
+/// on the sweep's warm caches and lose on cold weights (sixteenth round, M = 4-8).
+pub const COLD_ORACLE_MAX_M: usize = 8;
+
 /// Alternating passes of the product and of the read (medians of each).
 const PASSES: usize = 5;
 
@@ -99,6 +104,36 @@ pub(super) fn measure_cold(
         read_gbs: bytes as f64 / median(&tr) / 1e9,
         bound_gflops: gflops(m, k, n, median(&tr) / copies),
     }
+}
+
+/// The planned plan's throughput over the oracle's with the weights from DRAM: each run once
+/// over every copy in turn, the two alternating, medians of [`PASSES`] passes each after one
+/// untimed pass of each (as [`measure_cold`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn planned_over_oracle(
+    pool: &ThreadPool,
+    planned: &Plan,
+    oracle: &Plan,
+    x: &[f32],
+    m: usize,
+    copies: &[GemmWeight],
+    out: &mut [f32],
+) -> f64 {
+    let mut pass = |plan: &Plan| {
+        let t = std::time::Instant::now();
+        for w in copies {
+            execute(pool, plan, x, m, w, None, out);
+        }
+        t.elapsed().as_secs_f64()
+    };
+    pass(planned);
+    pass(oracle);
+    let (mut tp, mut to) = (Vec::new(), Vec::new());
+    for _ in 0..PASSES {
+        tp.push(pass(planned));
+        to.push(pass(oracle));
+    }
+    median(&to) / median(&tp)
 }
 
 /// The bytes a product streams from `w`: its repacked records where it has them (the

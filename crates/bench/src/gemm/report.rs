@@ -8,7 +8,7 @@ use tessera_core::DType;
 use tessera_kernels::cost::bytes_per_weight;
 use tessera_kernels::plan::{F32Kernel, KernelFamily, ParallelSplit, Plan, Precision};
 
-use super::cold::{Cold, COLD_MAX_M};
+use super::cold::{Cold, COLD_MAX_M, COLD_ORACLE_MAX_M};
 use super::strategies::FixedStrategy;
 use crate::stats::{best_by_geomean, geomean, gflops};
 
@@ -81,6 +81,10 @@ pub struct Row {
     /// last-level cache, run in turn), and a plain read of the same bytes beside it;
     /// measured for M ≤ 4 unless `--no-cold`.
     pub cold: Option<Cold>,
+    /// The planned plan over the oracle with the weights from DRAM, both timed over the cold
+    /// copies (1 where they are the same plan); for M ≤ [`COLD_ORACLE_MAX_M`] unless
+    /// `--no-cold`.
+    pub cold_over_oracle: Option<f64>,
 }
 
 impl Row {
@@ -91,6 +95,15 @@ impl Row {
     /// Planned over OpenBLAS, timed in the same rounds.
     pub fn planned_over_openblas(&self) -> Option<f64> {
         self.gflops_openblas.map(|o| self.gflops_planned_rounds / o)
+    }
+    pub fn planned_over_oracle(&self) -> f64 {
+        self.gflops_planned / self.gflops_oracle
+    }
+    /// Planned over oracle as a model's step sees it: with the weights from DRAM where that
+    /// was measured (M ≤ [`COLD_ORACLE_MAX_M`]), else on the sweep's warm caches.
+    pub fn planned_over_oracle_in_a_step(&self) -> f64 {
+        self.cold_over_oracle
+            .unwrap_or_else(|| self.planned_over_oracle())
     }
     pub fn frac_peak(&self, mach: &Machine) -> Option<f64> {
         (mach.peak_gflops > 0.0).then(|| self.gflops_planned / mach.peak_gflops)
@@ -129,7 +142,8 @@ impl Row {
             "gflops_cold": self.cold.map(|c| c.gflops),
             "read_gbs_cold": self.cold.map(|c| c.read_gbs),
             "gflops_bound_cold": self.cold.map(|c| c.bound_gflops),
-            "planned_over_oracle": self.gflops_planned / self.gflops_oracle,
+            "planned_over_oracle": self.planned_over_oracle(),
+            "planned_over_oracle_cold": self.cold_over_oracle,
             "planned_over_fixed": self.planned_over_fixed(),
             "frac_peak": self.frac_peak(mach),
             "frac_bw_bound": self.frac_bw(mach),
@@ -170,6 +184,15 @@ pub struct Summary {
     /// Rows with M = 1 on weights of at least [`LARGE_WEIGHT`] elements (the 7B shapes), any
     /// dtype: the smallest fraction of the bandwidth bound, and where.
     pub m1_large_min_frac_bw: Option<(f64, String)>,
+    /// Rows, and rows whose planned plan is within 0.90 and 0.95 of the oracle.
+    pub rows: usize,
+    pub within_090: usize,
+    pub within_095: usize,
+    /// The same counts with the rows at M ≤ [`COLD_ORACLE_MAX_M`] judged on cold weights
+    /// where that was measured ([`Row::planned_over_oracle_in_a_step`]), and how many were.
+    pub within_090_in_a_step: usize,
+    pub within_095_in_a_step: usize,
+    pub judged_cold: usize,
 }
 
 /// Elements from which a weight counts as large (a 4096 × 4096 projection and up).
@@ -186,7 +209,7 @@ fn some_finite(x: f64) -> Option<f64> {
 pub fn summarize(rows: &[Row], mach: &Machine) -> Summary {
     let mut s = Summary::default();
     for r in rows {
-        let ratio = r.gflops_planned / r.gflops_oracle;
+        let ratio = r.planned_over_oracle();
         if s.min_planned_over_oracle
             .as_ref()
             .is_none_or(|(v, _)| ratio < *v)
@@ -194,10 +217,16 @@ pub fn summarize(rows: &[Row], mach: &Machine) -> Summary {
             s.min_planned_over_oracle = Some((ratio, at(r)));
         }
     }
-    let po: Vec<f64> = rows
+    let po: Vec<f64> = rows.iter().map(Row::planned_over_oracle).collect();
+    let step: Vec<f64> = rows
         .iter()
-        .map(|r| r.gflops_planned / r.gflops_oracle)
+        .map(Row::planned_over_oracle_in_a_step)
         .collect();
+    let within = |v: &[f64], t: f64| v.iter().filter(|&&x| x >= t).count();
+    s.rows = rows.len();
+    (s.within_090, s.within_095) = (within(&po, 0.90), within(&po, 0.95));
+    (s.within_090_in_a_step, s.within_095_in_a_step) = (within(&step, 0.90), within(&step, 0.95));
+    s.judged_cold = rows.iter().filter(|r| r.cold_over_oracle.is_some()).count();
     s.geomean_planned_over_oracle = some_finite(geomean(&po));
     let pf: Vec<f64> = rows.iter().map(|r| r.planned_over_fixed()).collect();
     s.geomean_planned_over_fixed = some_finite(geomean(&pf));
@@ -255,6 +284,12 @@ impl Summary {
             "m1_quant_frac_bw_bound": self.m1_quant_frac_bw,
             "m1_large_min_frac_bw_bound": self.m1_large_min_frac_bw.as_ref().map(|x| x.0),
             "m1_large_min_frac_bw_bound_at": self.m1_large_min_frac_bw.as_ref().map(|x| x.1.clone()),
+            "rows": self.rows,
+            "within_090_of_oracle": self.within_090,
+            "within_095_of_oracle": self.within_095,
+            "within_090_of_oracle_in_a_step": self.within_090_in_a_step,
+            "within_095_of_oracle_in_a_step": self.within_095_in_a_step,
+            "rows_judged_cold": self.judged_cold,
         })
     }
 
@@ -269,6 +304,16 @@ impl Summary {
             out,
             "  geomean planned/oracle      {}",
             f(self.geomean_planned_over_oracle)
+        )?;
+        writeln!(
+            out,
+            "  within 0.90 / 0.95 of oracle {} / {} of {} rows",
+            self.within_090, self.within_095, self.rows
+        )?;
+        writeln!(
+            out,
+            "  the same, weights from DRAM at M<={COLD_ORACLE_MAX_M} ({} rows judged so) {} / {}",
+            self.judged_cold, self.within_090_in_a_step, self.within_095_in_a_step
         )?;
         writeln!(
             out,
@@ -309,7 +354,7 @@ fn fmt_opt(x: Option<f64>, digits: usize) -> String {
 
 pub(crate) fn header() -> String {
     format!(
-        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5} {:>5} {:>5} {:>5}",
+        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8} {:>8} {:>8} {:>8} {:>6} {:>5} {:>5} {:>5} {:>5} {:>5} {:>5}",
         "M",
         "K",
         "N",
@@ -324,6 +369,7 @@ pub(crate) fn header() -> String {
         "read",
         "p/o",
         "p/f",
+        "p/o-c",
         "peak",
         "bw"
     )
@@ -331,7 +377,7 @@ pub(crate) fn header() -> String {
 
 pub(crate) fn row_line(r: &Row, mach: &Machine) -> String {
     format!(
-        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8.1} {:>8.1} {:>8.1} {:>8} {:>6} {:>5} {:>5.2} {:>5.2} {:>5} {:>5}",
+        "{:>4} {:>6} {:>6} {:<5} {:<26} {:<26} {:>8.1} {:>8.1} {:>8.1} {:>8} {:>6} {:>5} {:>5.2} {:>5.2} {:>5} {:>5} {:>5}",
         r.m,
         r.k,
         r.n,
@@ -348,8 +394,9 @@ pub(crate) fn row_line(r: &Row, mach: &Machine) -> String {
         fmt_opt(r.gflops_openblas, 1),
         fmt_opt(r.cold.map(|c| c.gflops), 1),
         fmt_opt(r.cold.map(|c| c.read_gbs), 1),
-        r.gflops_planned / r.gflops_oracle,
+        r.planned_over_oracle(),
         r.planned_over_fixed(),
+        fmt_opt(r.cold_over_oracle, 2),
         fmt_opt(r.frac_peak(mach), 2),
         fmt_opt(r.frac_bw(mach), 2),
     )
@@ -378,6 +425,7 @@ mod tests {
             fixed_name: String::new(),
             gflops_openblas: None,
             cold: None,
+            cold_over_oracle: None,
         }
     }
 
@@ -439,6 +487,41 @@ mod tests {
         }
         assert!(j["gflops_openblas"].is_null());
         assert_eq!(j["dtype"], "q4_1");
+    }
+
+    /// Rows are counted against the oracle on the sweep's warm caches, and again with the
+    /// small-M rows judged on cold weights where that was measured.
+    #[test]
+    fn rows_are_counted_warm_and_as_a_step_sees_them() {
+        let mach = Machine {
+            peak_gflops: 100.0,
+            dram_gbs: 10.0,
+            dispatch_us: 1.0,
+        };
+        // Below the oracle warm, ahead of it cold.
+        let mut warm_miss = row(4, DType::F32, 8.0, 10.0, vec![1.0]);
+        warm_miss.cold_over_oracle = Some(1.05);
+        // Level warm, behind cold.
+        let mut cold_miss = row(8, DType::Q8_0, 10.0, 10.0, vec![1.0]);
+        cold_miss.cold_over_oracle = Some(0.92);
+        let large = row(64, DType::F32, 9.2, 10.0, vec![1.0]);
+        let rows = [warm_miss, cold_miss, large];
+        let s = summarize(&rows, &mach);
+        assert_eq!((s.rows, s.within_090, s.within_095), (3, 2, 1));
+        assert_eq!(
+            (
+                s.within_090_in_a_step,
+                s.within_095_in_a_step,
+                s.judged_cold
+            ),
+            (3, 1, 2)
+        );
+        assert!(row_line(&rows[0], &mach).contains(" 1.05 "));
+        assert_eq!(rows[1].to_json(&mach)["planned_over_oracle_cold"], 0.92);
+        assert!(rows[2].to_json(&mach)["planned_over_oracle_cold"].is_null());
+        let j = s.to_json(&mach, 2, Precision::Exact);
+        assert_eq!(j["within_090_of_oracle_in_a_step"], 3);
+        assert_eq!(j["rows_judged_cold"], 2);
     }
 
     #[test]

@@ -495,7 +495,10 @@ mod tests {
         assert!(eight < four * 0.9, "1x8 {eight} us, 1x4 {four} us");
         for (k, n) in [(576, 1536), (4096, 4096)] {
             let (four, eight) = (stream(k, n, 4), stream(k, n, 8));
-            assert!((eight / four - 1.0).abs() < 0.02, "{k}x{n}: 1x8 {eight}, 1x4 {four}");
+            assert!(
+                (eight / four - 1.0).abs() < 0.02,
+                "{k}x{n}: 1x8 {eight}, 1x4 {four}"
+            );
         }
     }
 

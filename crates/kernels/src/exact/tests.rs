@@ -336,7 +336,11 @@ fn time_exact_kernels() {
         // `TESSERA_COLD=1`: copies of the weight past twice the last-level cache, a product
         // over each in turn, so that the weights come from DRAM as in a model's step.
         let cold = std::env::var("TESSERA_COLD").is_ok_and(|v| v == "1");
-        let stored = weight(dtype, n, k, 1, 1).parts[0].bytes.as_slice().len().max(1);
+        let stored = weight(dtype, n, k, 1, 1).parts[0]
+            .bytes
+            .as_slice()
+            .len()
+            .max(1);
         let copies = if cold {
             (2 * crate::calibrate::last_level_cache_bytes()).div_ceil(stored)
         } else {

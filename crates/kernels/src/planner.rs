@@ -502,6 +502,36 @@ mod tests {
         }
     }
 
+    /// f32 weights from DRAM at small M: the stream tile's later row passes run after its
+    /// first (only that one overlaps the DRAM read), so at M = 8 over 1536 × 576 the macro
+    /// tile is predicted ahead (it ran 1.15x cold, 1.35-1.6x warm), while at M = 4 the
+    /// stream tile stays ahead (it ran 1.1x cold).
+    #[test]
+    fn stream_tiles_later_passes_follow_the_dram_read() {
+        let p = Planner::new(MachineProfile::zen4_default("test"), TuningCache::default());
+        let best = |m: usize, kernel: F32Kernel| {
+            let key = ShapeKey::new(m, 1536, 576, DType::F32, Precision::Exact, 2);
+            p.candidates(&key)
+                .into_iter()
+                .filter(|c| c.tile.kernel == kernel)
+                .map(|c| c.predicted_us)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (stream8, packed8) = (best(8, F32Kernel::Stream), best(8, F32Kernel::Packed));
+        if !packed8.is_finite() {
+            return; // no packed tile on this ISA
+        }
+        assert!(
+            packed8 < stream8,
+            "M = 8: packed {packed8} us, stream {stream8} us"
+        );
+        let (stream4, packed4) = (best(4, F32Kernel::Stream), best(4, F32Kernel::Packed));
+        assert!(
+            stream4 < packed4,
+            "M = 4: packed {packed4} us, stream {stream4} us"
+        );
+    }
+
     /// The packed kernel's loop order in the model: with K in several blocks a larger `mc`
     /// reads the `nc × K` panel from L3 fewer times (so it is predicted faster), and with K
     /// in one block `mc` changes nothing for the macro tiles (one candidate per tile and

@@ -1,0 +1,104 @@
+//! The stream kernel's prediction: weights decoded in registers per tile, read from DRAM
+//! once per call and re-read from cache by every further row tile.
+
+use tessera_core::DType;
+
+use super::{bytes_per_weight, first_read_bw, MachineProfile};
+use crate::plan::Plan;
+
+/// The stream kernel: weights read from DRAM once (re-read from cache by every further
+/// `mr`-row tile when the `nc` block of stored rows fits L2, else from DRAM again), decoded
+/// in registers per tile; compute at the tile's measured Q4_1 rate adjusted for the dtype's
+/// decode cost.
+pub(super) fn predict_stream_us(
+    p: &MachineProfile,
+    plan: &Plan,
+    m: usize,
+    k: usize,
+    n: usize,
+    dtype: DType,
+) -> f64 {
+    let t = &plan.tile;
+    let (mr, nr) = crate::exact::stream_tile_of(dtype, t.mr, t.nr);
+    let (mp, np) = plan.parallel.parts();
+    let units = (mp * np) as f64;
+    let rows = m.div_ceil(mp);
+    let nn = (n.div_ceil(np)).div_ceil(8) as f64 * 8.0;
+    let kf = k as f64;
+    let rate_of = |r: usize| {
+        let (r, q) = crate::exact::stream_tile_of(dtype, r, nr);
+        p.stream_tile_gflops(dtype, r, q, k)
+    };
+    let full = (rows / mr) as f64 * 2.0 * mr as f64 * nn * kf / rate_of(mr);
+    let rem = rows % mr;
+    let part = if rem > 0 {
+        2.0 * rem as f64 * nn * kf / rate_of(rem)
+    } else {
+        0.0
+    };
+    let compute_ns = full + part;
+    let bpw = bytes_per_weight(dtype);
+    let weight_bytes = nn * kf * bpw;
+    let tiles_m = rows.div_ceil(mr) as f64;
+    let dram_bw = p.dram_gbs / units;
+    // A tile reading one stored row at a time gives the prefetchers one stream: a sweep on
+    // an Intel Xeon measured about 0.7 times the bandwidth of tiles reading two or more.
+    let streams = if nr == 1 { 0.7 } else { 1.0 };
+    // Short tiles measured slower only on weights past L3 (from L3 the 1x4 ran level with
+    // the 1x8 or up to 4% ahead: 1 × 576 × 576 and 1 × 576 × 1536 f32, same runs).
+    let past_l3 = n as f64 * kf * bpw > p.l3_bytes as f64;
+    let share = if past_l3 {
+        short_tile_share(dtype, mr, nr, kf)
+    } else {
+        1.0
+    };
+    let first_bw = first_read_bw(p, weight_bytes, units);
+    let first_ns = weight_bytes / (first_bw * streams * share);
+    let block = t.nc.max(1) as f64 * kf * bpw;
+    let block_in_l2 = block <= p.l2_bytes as f64 * 0.5;
+    let reread_bw = if block_in_l2 {
+        p.l2_gbs_per_core
+    } else {
+        dram_bw
+    };
+    let reread_ns = (tiles_m - 1.0).max(0.0) * weight_bytes / (reread_bw * streams);
+    // Per tile: lane trees, writes and row setup (~3 ns).
+    let tiles = tiles_m * (nn / nr as f64).ceil();
+    let tiles_ns = tiles * 3.0;
+    let first_from_dram = weight_bytes > p.l2_bytes as f64 * 0.5; // as `first_read_bw`
+    if first_from_dram && block_in_l2 && tiles_m > 1.0 {
+        // Weights from DRAM, each `nc` block re-read from L2 by the later row tiles: only
+        // the first tile's pass overlaps the DRAM read (its far prefetch); the later passes
+        // run on cached rows at the FMAs' pace, after it. (One sum over the passes ran 8 ×
+        // 1536 × 576 f32 at 1.55x its prediction from DRAM on the 3 × 2 tile, Zen 4.)
+        let first_rows = rows.min(mr);
+        let compute_first = 2.0 * first_rows as f64 * nn * kf / rate_of(first_rows);
+        let later = (compute_ns - compute_first).max(reread_ns);
+        let body = compute_first.max(first_ns) + later;
+        let extra_ns = tiles_ns + 0.3 * compute_first.min(first_ns);
+        return (body + extra_ns) / 1000.0 + p.dispatch_us;
+    }
+    let mem_ns = first_ns + reread_ns;
+    // The re-reads of every further row tile overlap the FMAs only in part.
+    let extra_ns = tiles_ns + 0.3 * compute_ns.min(mem_ns);
+    (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
+}
+
+/// Stored rows one single-row stream tile reads at once, below which a GEMV from DRAM runs
+/// short of the bandwidth (see [`short_tile_share`]).
+const SHORT_TILE_BYTES: f64 = 16384.0;
+
+/// The share of the DRAM bandwidth a one-activation-row stream tile of `nr` stored rows of
+/// `k` elements reaches: its rows are `nr` interleaved streams, and rows that together span
+/// less than [`SHORT_TILE_BYTES`] keep fewer misses in flight than the memory system takes
+/// (Zen 4, 2 units, 1 × 576 × 49,152 f32 from DRAM: the 1x8 tile, 18 KiB a tile, 1.15x the
+/// 1x4 in three interleaved runs; level at K = 4096, where a 1x4 tile spans 64 KiB). Tiles
+/// over records (16 rows each) and tiles of several activation rows, whose weight bytes are
+/// spread over more FMAs, are left at 1.
+fn short_tile_share(dtype: DType, mr: usize, nr: usize, kf: f64) -> f64 {
+    if mr > 1 || crate::exact::stream_on_records(dtype) {
+        return 1.0;
+    }
+    let tile_bytes = nr as f64 * kf * bytes_per_weight(dtype);
+    0.7 + 0.3 * (tile_bytes / SHORT_TILE_BYTES).min(1.0)
+}

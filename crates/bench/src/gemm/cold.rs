@@ -77,13 +77,7 @@ pub(super) fn measure_cold(
 ) -> Cold {
     let streams: Vec<Vec<&[u8]>> = copies.iter().map(streamed).collect();
     let bytes: usize = streams.iter().flatten().map(|s| s.len()).sum();
-    let mut product = || {
-        let t = std::time::Instant::now();
-        for w in copies {
-            execute(pool, plan, x, m, w, None, out);
-        }
-        t.elapsed().as_secs_f64()
-    };
+    let mut product = || product_pass(pool, plan, x, m, copies, out);
     let read = || {
         let t = std::time::Instant::now();
         for s in &streams {
@@ -109,7 +103,6 @@ pub(super) fn measure_cold(
 /// The planned plan's throughput over the oracle's with the weights from DRAM: each run once
 /// over every copy in turn, the two alternating, medians of [`PASSES`] passes each after one
 /// untimed pass of each (as [`measure_cold`]).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn planned_over_oracle(
     pool: &ThreadPool,
     planned: &Plan,
@@ -119,13 +112,7 @@ pub(super) fn planned_over_oracle(
     copies: &[GemmWeight],
     out: &mut [f32],
 ) -> f64 {
-    let mut pass = |plan: &Plan| {
-        let t = std::time::Instant::now();
-        for w in copies {
-            execute(pool, plan, x, m, w, None, out);
-        }
-        t.elapsed().as_secs_f64()
-    };
+    let mut pass = |plan: &Plan| product_pass(pool, plan, x, m, copies, out);
     pass(planned);
     pass(oracle);
     let (mut tp, mut to) = (Vec::new(), Vec::new());
@@ -134,6 +121,22 @@ pub(super) fn planned_over_oracle(
         to.push(pass(oracle));
     }
     median(&to) / median(&tp)
+}
+
+/// Seconds of one pass of `plan` over every copy in turn.
+fn product_pass(
+    pool: &ThreadPool,
+    plan: &Plan,
+    x: &[f32],
+    m: usize,
+    copies: &[GemmWeight],
+    out: &mut [f32],
+) -> f64 {
+    let t = std::time::Instant::now();
+    for w in copies {
+        execute(pool, plan, x, m, w, None, out);
+    }
+    t.elapsed().as_secs_f64()
 }
 
 /// The bytes a product streams from `w`: its repacked records where it has them (the

@@ -296,7 +296,14 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                         // that run alike, one wins by luck): time the two finalists afresh,
                         // in interleaved rounds, and compare only the new runs.
                         let (tp, to) = time_finalists(
-                            &pool, &plans[0], &plans[best], xs, m, &w, cs, &cfg.repeat,
+                            &pool,
+                            &plans[0],
+                            &plans[best],
+                            xs,
+                            m,
+                            &w,
+                            cs,
+                            &cfg.repeat,
                         );
                         t_planned = tp;
                         oracle = if tp <= to {
@@ -314,7 +321,14 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
                         .map(|&i| {
                             let t_fixed = if i != 0 && times[i] < FIXED_RETIME_BELOW * times[0] {
                                 let (tp, tf) = time_finalists(
-                                    &pool, &plans[0], &plans[i], xs, m, &w, cs, &cfg.repeat,
+                                    &pool,
+                                    &plans[0],
+                                    &plans[i],
+                                    xs,
+                                    m,
+                                    &w,
+                                    cs,
+                                    &cfg.repeat,
                                 );
                                 times[0] * tf / tp
                             } else {
@@ -492,6 +506,11 @@ fn time_finalists(
         min_time: repeat.min_time * FINAL_ROUNDS as u32 / ROUNDS as u32,
         max_runs: repeat.max_runs * FINAL_ROUNDS / ROUNDS,
     };
-    let t = time_interleaved(&finals, FINAL_ROUNDS, &mut [&mut run_a, &mut run_b], &mut |_| {});
+    let t = time_interleaved(
+        &finals,
+        FINAL_ROUNDS,
+        &mut [&mut run_a, &mut run_b],
+        &mut |_| {},
+    );
     (t[0], t[1])
 }

@@ -221,14 +221,20 @@ pub fn tile_efficiency(family: KernelFamily, mr: usize, nr: usize, k: usize) -> 
     }
 }
 
-/// Bytes per ns one unit reads its share of the weights at, the first time in a call: from
-/// its L2 when the share fits half of it (the product ran on these weights just before, as
-/// in a sweep or a tight loop of steps on a small model), else its share of DRAM bandwidth.
+/// Whether one unit's first read of its share of the weights in a call comes from DRAM: a
+/// share that fits half its L2 is taken to be there already (the product ran on these
+/// weights just before, as in a sweep or a tight loop of steps on a small model).
+fn first_read_from_dram(p: &MachineProfile, unit_weight_bytes: f64) -> bool {
+    unit_weight_bytes > p.l2_bytes as f64 * 0.5
+}
+
+/// Bytes per ns one unit reads its share of the weights at, the first time in a call: its
+/// share of DRAM bandwidth ([`first_read_from_dram`]), else its L2's.
 fn first_read_bw(p: &MachineProfile, unit_weight_bytes: f64, units: f64) -> f64 {
-    if unit_weight_bytes <= p.l2_bytes as f64 * 0.5 {
-        p.l2_gbs_per_core
-    } else {
+    if first_read_from_dram(p, unit_weight_bytes) {
         p.dram_gbs / units
+    } else {
+        p.l2_gbs_per_core
     }
 }
 

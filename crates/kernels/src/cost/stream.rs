@@ -3,7 +3,7 @@
 
 use tessera_core::DType;
 
-use super::{bytes_per_weight, first_read_bw, MachineProfile};
+use super::{bytes_per_weight, first_read_bw, first_read_from_dram, MachineProfile};
 use crate::plan::Plan;
 
 /// The stream kernel: weights read from DRAM once (re-read from cache by every further
@@ -65,8 +65,7 @@ pub(super) fn predict_stream_us(
     // Per tile: lane trees, writes and row setup (~3 ns).
     let tiles = tiles_m * (nn / nr as f64).ceil();
     let tiles_ns = tiles * 3.0;
-    let first_from_dram = weight_bytes > p.l2_bytes as f64 * 0.5; // as `first_read_bw`
-    if first_from_dram && block_in_l2 && tiles_m > 1.0 {
+    if first_read_from_dram(p, weight_bytes) && block_in_l2 && tiles_m > 1.0 {
         // Weights from DRAM, each `nc` block re-read from L2 by the later row tiles: only
         // the first tile's pass overlaps the DRAM read (its far prefetch); the later passes
         // run on cached rows at the FMAs' pace, after it. (One sum over the passes ran 8 ×

@@ -440,6 +440,38 @@ pub fn parse_dtypes(list: &[String]) -> Result<Vec<DType>> {
         .collect()
 }
 
+/// Times plans `a` and `b` afresh in [`FINAL_ROUNDS`] interleaved rounds (each round as long
+/// as one of the first pass's) and returns their times; only these runs decide between them.
+#[allow(clippy::too_many_arguments)]
+fn time_finalists(
+    pool: &ThreadPool,
+    a: &Plan,
+    b: &Plan,
+    xs: &[f32],
+    m: usize,
+    w: &GemmWeight,
+    cs: &mut [f32],
+    repeat: &Repeat,
+) -> (f64, f64) {
+    let cs = std::cell::RefCell::new(cs);
+    let (mut run_a, mut run_b) = (
+        || execute(pool, a, xs, m, w, None, &mut cs.borrow_mut()),
+        || execute(pool, b, xs, m, w, None, &mut cs.borrow_mut()),
+    );
+    let finals = Repeat {
+        min_runs: repeat.min_runs,
+        min_time: repeat.min_time * FINAL_ROUNDS as u32 / ROUNDS as u32,
+        max_runs: repeat.max_runs * FINAL_ROUNDS / ROUNDS,
+    };
+    let t = time_interleaved(
+        &finals,
+        FINAL_ROUNDS,
+        &mut [&mut run_a, &mut run_b],
+        &mut |_| {},
+    );
+    (t[0], t[1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,36 +513,4 @@ mod tests {
         );
         assert!(parse_families(&["x".into()]).is_err());
     }
-}
-
-/// Times plans `a` and `b` afresh in [`FINAL_ROUNDS`] interleaved rounds (each round as long
-/// as one of the first pass's) and returns their times; only these runs decide between them.
-#[allow(clippy::too_many_arguments)]
-fn time_finalists(
-    pool: &ThreadPool,
-    a: &Plan,
-    b: &Plan,
-    xs: &[f32],
-    m: usize,
-    w: &GemmWeight,
-    cs: &mut [f32],
-    repeat: &Repeat,
-) -> (f64, f64) {
-    let cs = std::cell::RefCell::new(cs);
-    let (mut run_a, mut run_b) = (
-        || execute(pool, a, xs, m, w, None, &mut cs.borrow_mut()),
-        || execute(pool, b, xs, m, w, None, &mut cs.borrow_mut()),
-    );
-    let finals = Repeat {
-        min_runs: repeat.min_runs,
-        min_time: repeat.min_time * FINAL_ROUNDS as u32 / ROUNDS as u32,
-        max_runs: repeat.max_runs * FINAL_ROUNDS / ROUNDS,
-    };
-    let t = time_interleaved(
-        &finals,
-        FINAL_ROUNDS,
-        &mut [&mut run_a, &mut run_b],
-        &mut |_| {},
-    );
-    (t[0], t[1])
 }

@@ -78,6 +78,19 @@ impl GemmWeight {
         let i = self.starts.partition_point(|&s| s <= r) - 1;
         self.parts[i].row(r - self.starts[i])
     }
+
+    /// The stored bytes of rows `rows` when one part holds them all (they are then one
+    /// contiguous run), else `None`.
+    pub fn stored_rows(&self, rows: std::ops::Range<usize>) -> Option<&[u8]> {
+        if rows.is_empty() || rows.end > self.n {
+            return None;
+        }
+        let i = self.starts.partition_point(|&s| s <= rows.start) - 1;
+        let part = &self.parts[i];
+        let (r0, r1) = (rows.start - self.starts[i], rows.end - self.starts[i]);
+        let rb = part.row_bytes();
+        (r1 <= part.rows()).then(|| &part.data()[r0 * rb..r1 * rb])
+    }
 }
 
 thread_local! {

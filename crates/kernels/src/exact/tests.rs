@@ -550,3 +550,21 @@ fn time_macro_tile() {
         }
     }
 }
+
+#[test]
+fn stored_rows_are_one_parts_rows_or_none() {
+    // Two stacked parts of 5 rows (as fused projections).
+    let w = weight(DType::Q8_0, 10, 64, 7, 2);
+    let rb = w.row(0).len();
+    for rows in [0..3, 5..10, 6..7, 0..5] {
+        let b = w.stored_rows(rows.clone()).unwrap();
+        assert_eq!(b.len(), rows.len() * rb, "{rows:?}");
+        for (i, r) in rows.enumerate() {
+            assert_eq!(&b[i * rb..(i + 1) * rb], w.row(r), "row {r}");
+        }
+    }
+    // Across the two parts, empty, or past the end: none.
+    assert!(w.stored_rows(4..6).is_none());
+    assert!(w.stored_rows(3..3).is_none());
+    assert!(w.stored_rows(9..11).is_none());
+}

@@ -251,6 +251,7 @@ fn stream_tile(
     v
 }
 
+mod ahead;
 pub(crate) mod outer;
 pub(crate) mod packed;
 mod panel_pack;

@@ -21,6 +21,7 @@ use std::ops::Range;
 
 use tessera_runtime::DisjointMut;
 
+use super::ahead::Ahead;
 use super::packed::pack;
 use crate::aligned::AlignedF32;
 use crate::gemm::GemmWeight;
@@ -123,15 +124,9 @@ pub(crate) fn outer_range(
                         pack_strip(w, r0, live, k, &mut sp[s * strip_len..(s + 1) * strip_len]);
                     }
                     // The next `nc` block's weights, hinted into L2 a share at a time
-                    // while this block's tiles run, so that its strips decode from L2 rather
-                    // than waiting on DRAM in a phase of their own.
-                    // Only blocks under an eighth of L2: larger ones (f32 strips, K =
-                    // 11,008) evicted this block's strips and ran 1-8% slower.
-                    let next = (n0 + ncb < cols.end)
-                        .then(|| weight_bytes(w, n0 + ncb..(n0 + 2 * ncb).min(cols.end)))
-                        .filter(|b| b.len() <= l2_bytes() / 8)
-                        .unwrap_or(&[]);
-                    let mut ahead = Ahead::new(next, strips * LANES);
+                    // while this block's tiles run (`ahead`).
+                    let next = n0 + ncb..(n0 + 2 * ncb).min(cols.end);
+                    let mut ahead = Ahead::next_block(w, next, strips * LANES);
                     let mut m0 = rows.start;
                     while m0 < rows.end {
                         let m1 = (m0 + mc).min(rows.end);
@@ -216,62 +211,6 @@ pub(crate) fn outer_range(
             })
         })
     });
-}
-
-/// The bytes [`pack_strip`] reads for weight rows `rows`: the repack's 8-row groups that
-/// hold them, or the stored rows (empty when they span two stacked parts). For hints only.
-fn weight_bytes(w: &GemmWeight, rows: Range<usize>) -> &[u8] {
-    if rows.is_empty() {
-        return &[];
-    }
-    if let Some(pw) = &w.packed {
-        let group_bytes = pw.blocks * pw.record_bytes;
-        let group = crate::packed::GROUP;
-        let (g0, g1) = (rows.start / group, rows.end.div_ceil(group).min(pw.groups));
-        return &pw.data[g0 * group_bytes..g1 * group_bytes];
-    }
-    w.stored_rows(rows).unwrap_or(&[])
-}
-
-/// This CPU's L2 bytes (sysfs, read once; 512 KiB when it does not say).
-fn l2_bytes() -> usize {
-    static L2: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *L2.get_or_init(|| crate::calibrate::cache_bytes("L2", 512 << 10))
-}
-
-/// Prefetch hints over a byte range, spread over `steps` calls of [`Ahead::step`]: each call
-/// hints the next share of its 64-byte lines into L2 (hints only: they never fault and
-/// change no value; on other architectures, nothing).
-struct Ahead<'a> {
-    bytes: &'a [u8],
-    at: usize,
-    per_step: usize,
-}
-
-impl<'a> Ahead<'a> {
-    fn new(bytes: &'a [u8], steps: usize) -> Self {
-        let lines = bytes.len().div_ceil(64);
-        Ahead {
-            bytes,
-            at: 0,
-            per_step: lines.div_ceil(steps.max(1)) * 64,
-        }
-    }
-
-    fn step(&mut self) {
-        let end = (self.at + self.per_step).min(self.bytes.len());
-        #[cfg(target_arch = "x86_64")]
-        while self.at < end {
-            // SAFETY: a prefetch is a hint; the address is inside `bytes` anyway.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    self.bytes.as_ptr().add(self.at).cast(),
-                )
-            };
-            self.at += 64;
-        }
-        self.at = end;
-    }
 }
 
 /// Packs the chunked part of activation rows `rows` lane-major: `[lane][tile][step][mi]`,

@@ -51,6 +51,12 @@ pub struct MachineProfile {
     /// written before it was recorded).
     #[serde(default = "default_outer_strip_pack_ns")]
     pub outer_strip_pack_ns: f64,
+    /// What the outer-product tile's strips cost per weight element when they decode
+    /// straight from the repacked records (block-quantized weights, AVX-512), ns, in place
+    /// of the decode rate plus `outer_strip_pack_ns` (none where not measured, and in
+    /// profiles written before it was recorded).
+    #[serde(default)]
+    pub outer_record_strip_ns: Option<f64>,
     /// L1 data cache of one core (profiles written before it was recorded: 32 KiB).
     #[serde(default = "default_l1_bytes")]
     pub l1_bytes: usize,
@@ -448,14 +454,17 @@ fn predict_outer_us(
     } else {
         0.0
     };
+    let strip_ns = match p.outer_record_strip_ns {
+        Some(ns) if crate::packed::record_layout(dtype).is_some() => ns,
+        _ => 1.0 / p.dequant_elems_per_ns + p.outer_strip_pack_ns,
+    };
     // Packing: activations transposed once, weights dequantized and transposed once; lane
     // sums stored per tile and lane, then eight loads, the tree and a store per 8 outputs:
     // ~1.5 ns an output. (Fit on a Zen3 to the measured crossover with the macro tiles, 2
     // units, alternating: equal at 512 × 576 × 576 Q4_1, the outer tile 8% ahead at 512 ×
     // 576 × 1536 f32, 20% at K = 1536, 30% at K = 4096.)
-    let mut extra_ns = rows * kf / (p.dequant_elems_per_ns * 2.0)
-        + nn * kf * (1.0 / p.dequant_elems_per_ns + p.outer_strip_pack_ns)
-        + rows * nn * 1.5;
+    let mut extra_ns =
+        rows * kf / (p.dequant_elems_per_ns * 2.0) + nn * kf * strip_ns + rows * nn * 1.5;
     // Per tile, strip and lane: a call of ~25 cycles of setup and stores.
     extra_ns += (rows / mr as f64).ceil() * strips * 8.0 * 8.0;
     extra_ns += 0.3 * (a_ns + b_ns);

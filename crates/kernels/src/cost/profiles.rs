@@ -88,6 +88,7 @@ impl MachineProfile {
             // charged, matched the difference within 10%.
             packed_quant_pack_ns: 0.1,
             outer_strip_pack_ns: super::default_outer_strip_pack_ns(),
+            outer_record_strip_ns: None,
             dispatch_us: 0.7,
             l1_bytes: 48 << 10,
             l2_bytes: 2 << 20,
@@ -164,6 +165,11 @@ impl MachineProfile {
             // (0.133 ns) and 0.03 more. The Zen3's 0.1 charged 1.2x the measured time at
             // M = 16.
             outer_strip_pack_ns: 0.03,
+            // Strips decoded straight from the records, with the next block hinted into
+            // L2 (`exact::ahead`): 8-64 × 576 × 1536 Q4_1 from DRAM ran 1.02-1.21x the
+            // macro and stream tiles, about 0.05-0.075 ns a weight beyond the tile's FMAs;
+            // 8- and 16-client serving 1.02-1.12x with it (seventeenth round).
+            outer_record_strip_ns: Some(0.06),
             dispatch_us: 0.44,
             l1_bytes: 32 << 10,
             l2_bytes: 1 << 20,
@@ -190,6 +196,7 @@ impl MachineProfile {
             packed_k_slowdown: 0.0,
             packed_quant_pack_ns: 0.0,
             outer_strip_pack_ns: super::default_outer_strip_pack_ns(),
+            outer_record_strip_ns: None,
             dispatch_us: 0.5,
             l1_bytes: 32 << 10,
             l2_bytes: 512 << 10,

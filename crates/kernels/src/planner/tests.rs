@@ -218,3 +218,46 @@ fn a_tuned_record_gives_back_its_plan() {
     .unwrap();
     assert_eq!((old.kernel, old.kc), (None, None));
 }
+
+/// The outer tile's strips decoded straight from the records (Zen 4 profile: 0.06 ns a
+/// weight, where the decode rate and the strip charge made 0.16): with the next block's
+/// records hinted into L2 it ran 8-64-row Q4_1 products at K = 576 1.02-1.21x the macro
+/// and stream tiles from DRAM (seventeenth round), so it takes them; M = 4 stays on the
+/// stream tile. A profile without the field keeps the old charge.
+#[test]
+fn record_strips_put_quantized_m8_to_64_on_the_outer_tile() {
+    let zen4 = MachineProfile::zen4_default("test");
+    let p = Planner::new(zen4.clone(), TuningCache::default());
+    let plan = |m: usize| {
+        p.plan(&ShapeKey::new(
+            m,
+            576,
+            1536,
+            DType::Q4_1,
+            Precision::Exact,
+            2,
+        ))
+    };
+    let outer_exists = p
+        .candidates(&ShapeKey::new(
+            16,
+            576,
+            1536,
+            DType::Q4_1,
+            Precision::Exact,
+            2,
+        ))
+        .iter()
+        .any(|c| c.tile.nr >= 32);
+    if outer_exists {
+        for m in [8, 16, 32, 64] {
+            assert!(plan(m).tile.nr >= 32, "M = {m}: {}", plan(m));
+        }
+    }
+    assert_eq!(plan(4).tile.kernel, F32Kernel::Stream, "M = 4: {}", plan(4));
+    let mut v = serde_json::to_value(&zen4).unwrap();
+    v.as_object_mut().unwrap().remove("outer_record_strip_ns");
+    let old: MachineProfile = serde_json::from_value(v).unwrap();
+    assert_eq!(old.outer_record_strip_ns, None);
+    assert!(zen4.outer_record_strip_ns.is_some());
+}

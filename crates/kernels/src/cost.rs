@@ -244,6 +244,19 @@ fn first_read_bw(p: &MachineProfile, unit_weight_bytes: f64, units: f64) -> f64 
     }
 }
 
+/// Nanoseconds of FMAs for `rows` activation rows against `weights` (N × K) weight elements:
+/// whole `mr`-row tiles at `rate(mr)` GFLOP/s, the remainder tile at its own `rate(rem)`.
+fn tiles_compute_ns(rows: usize, mr: usize, weights: f64, rate: impl Fn(usize) -> f64) -> f64 {
+    let full = (rows / mr) as f64 * 2.0 * mr as f64 * weights / rate(mr);
+    let rem = rows % mr;
+    let part = if rem > 0 {
+        2.0 * rem as f64 * weights / rate(rem)
+    } else {
+        0.0
+    };
+    full + part
+}
+
 /// Predicted microseconds for `plan` on an `m × k × n` product of `dtype` weights.
 pub fn predict_us(
     p: &MachineProfile,
@@ -290,14 +303,7 @@ fn predict_packed_us(
     let nn = (n.div_ceil(np)).div_ceil(nr) as f64 * nr as f64;
     let kf = k as f64;
     let rate = |r: usize| p.kernel_tile_gflops(KernelFamily::F32Dot, F32Kernel::Packed, r, nr, k);
-    let full = (rows / mr) as f64 * 2.0 * mr as f64 * nn * kf / rate(mr);
-    let rem = rows % mr;
-    let part = if rem > 0 {
-        2.0 * rem as f64 * nn * kf / rate(rem)
-    } else {
-        0.0
-    };
-    let mut compute_ns = full + part;
+    let mut compute_ns = tiles_compute_ns(rows, mr, nn * kf, rate);
     // The activation tile stays in L1 while the panel streams past it: past about half of
     // L1 its lines start to be evicted.
     if mr as f64 * kc * 4.0 > p.l1_bytes as f64 * 0.45 {

@@ -3,7 +3,9 @@
 
 use tessera_core::DType;
 
-use super::{bytes_per_weight, first_read_bw, first_read_from_dram, MachineProfile};
+use super::{
+    bytes_per_weight, first_read_bw, first_read_from_dram, tiles_compute_ns, MachineProfile,
+};
 use crate::plan::Plan;
 
 /// The stream kernel: weights read from DRAM once (re-read from cache by every further
@@ -29,14 +31,7 @@ pub(super) fn predict_stream_us(
         let (r, q) = crate::exact::stream_tile_of(dtype, r, nr);
         p.stream_tile_gflops(dtype, r, q, k)
     };
-    let full = (rows / mr) as f64 * 2.0 * mr as f64 * nn * kf / rate_of(mr);
-    let rem = rows % mr;
-    let part = if rem > 0 {
-        2.0 * rem as f64 * nn * kf / rate_of(rem)
-    } else {
-        0.0
-    };
-    let compute_ns = full + part;
+    let compute_ns = tiles_compute_ns(rows, mr, nn * kf, rate_of);
     let bpw = bytes_per_weight(dtype);
     let weight_bytes = nn * kf * bpw;
     let tiles_m = rows.div_ceil(mr) as f64;

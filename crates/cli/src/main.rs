@@ -414,15 +414,6 @@ fn run(cli: Cli) -> Result<()> {
             }
             let pool = tessera_runtime::ThreadPool::new(threads);
             let mut cache = tessera_engine::tuning::read_cache()?;
-            eprintln!("measuring the machine profile ...");
-            let profile =
-                tessera_kernels::calibrate::measure_profile(&pool, &mut |s| eprintln!("  {s}"));
-            eprintln!("{profile:#?}");
-            cache.profile = Some(profile.clone());
-            let planner = tessera_kernels::planner::Planner::new(
-                profile,
-                tessera_kernels::planner::TuningCache::default(),
-            );
             let m_list = if m.is_empty() {
                 tessera_engine::tune::M_LADDER.to_vec()
             } else {
@@ -441,7 +432,6 @@ fn run(cli: Cli) -> Result<()> {
                 };
                 tessera_engine::tune::tune(
                     &pool,
-                    &planner,
                     &shapes,
                     &opts,
                     &mut cache,

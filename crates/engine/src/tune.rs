@@ -6,6 +6,16 @@
 //! shape (in interleaved rounds, each a median of a few runs after a warm-up); the lowest
 //! median over the rounds, confirmed against the model's own first choice in rounds of its
 //! own, becomes the bucket's entry.
+//!
+//! The candidates are ranked by the planner that plans without tuning (the CPU's class
+//! profile), so the untuned plan is always among them and timing only ever replaces it with
+//! a plan measured faster. Until the eighteenth round `tessera tune` ranked them with a
+//! profile measured at the start (`calibrate::measure_profile`), whose raw tile rates the
+//! fitted cost model does not mean: on the Zen 4 it rated the 12 × 32 and 8 × 32 outer tiles
+//! at 73-79 GFLOP/s a unit against the 6 × 4 macro tile's 102, no outer plan was among the
+//! top eight at large M, and the tuned sweep ran 512 × 4096 × 4096 f32 at 175 GFLOP/s on the
+//! macro tile where the untuned plan ran 215 (tuned large-M f32 0.79 of the FMA peak
+//! against 0.845 untuned).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -192,12 +202,12 @@ pub struct TuneOptions {
 /// Tunes `shapes` on `pool`, adding entries to `cache`. `progress(done, total, label)`.
 pub fn tune(
     pool: &ThreadPool,
-    planner: &Planner,
     shapes: &[(DType, usize, usize)],
     opts: &TuneOptions,
     cache: &mut TuningCache,
     progress: &mut dyn FnMut(usize, usize, &str),
 ) {
+    let planner = Planner::untuned();
     let total = shapes.len() * opts.m_list.len();
     let mut done = 0;
     for &(dtype, k, n) in shapes {
@@ -232,7 +242,6 @@ mod tests {
     #[test]
     fn tuning_stores_one_of_the_timed_candidates_per_shape() {
         let pool = ThreadPool::new(2);
-        let planner = Planner::untuned();
         let opts = TuneOptions {
             precision: Precision::Exact,
             m_list: vec![1, 5, 13],
@@ -240,15 +249,10 @@ mod tests {
         };
         let mut cache = TuningCache::default();
         let shapes = [(DType::Q4_1, 64, 48), (DType::F32, 40, 24)];
-        tune(
-            &pool,
-            &planner,
-            &shapes,
-            &opts,
-            &mut cache,
-            &mut |_, _, _| {},
-        );
+        tune(&pool, &shapes, &opts, &mut cache, &mut |_, _, _| {});
         assert_eq!(cache.plans.len(), shapes.len() * opts.m_list.len());
+        // Ranked by the planner that plans without tuning: its candidates were timed.
+        let planner = Planner::untuned();
         let tuned = Planner::new(planner.profile.clone(), cache);
         for &(dtype, k, n) in &shapes {
             for &m in &opts.m_list {

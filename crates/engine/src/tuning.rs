@@ -1,6 +1,7 @@
-//! The tuning cache on disk (`<cache>/tuning.json`): a measured machine profile and the
-//! measured best plan per (CPU, units, dtype, precision, shape bucket). `generate`, `serve`
-//! and the benchmarks load it; without it the cost model alone decides.
+//! The tuning cache on disk (`<cache>/tuning.json`): the measured best plan per (CPU, units,
+//! dtype, precision, shape bucket). `generate`, `serve` and the benchmarks load it; shapes it
+//! does not hold, and every shape without it, the cost model alone decides, with the CPU's
+//! class profile either way.
 
 use std::path::PathBuf;
 
@@ -36,9 +37,9 @@ pub fn write_cache(cache: &TuningCache) -> Result<PathBuf> {
 }
 
 /// A planner from the tuning cache when there is a usable one (`TESSERA_NO_TUNING=1`
-/// ignores it), else from the default profile.
+/// ignores it), else the cost model alone; the CPU's class profile ranks the shapes the
+/// cache does not hold.
 pub fn load_planner() -> Planner {
-    let cpu = cpu_model();
     let cache = if std::env::var_os("TESSERA_NO_TUNING").is_some() {
         TuningCache::default()
     } else {
@@ -50,10 +51,24 @@ pub fn load_planner() -> Planner {
             }
         }
     };
-    let profile = cache
-        .profile
-        .clone()
-        .filter(|p| p.cpu == cpu)
-        .unwrap_or_else(|| MachineProfile::default_for(&cpu));
-    Planner::new(profile, cache)
+    Planner::new(MachineProfile::default_for(&cpu_model()), cache)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caches_with_a_measured_profile_still_load_and_keep_their_plans() {
+        // As `tessera tune` wrote it before the eighteenth round: the profile is skipped.
+        let old = r#"{"profile": {"cpu": "AMD EPYC", "f32_gflops_per_core": 54.3,
+            "tiles": [{"family": "f32packed16", "mr": 12, "nr": 32, "gflops": 72.8}]},
+            "plans": {"AMD EPYC|t2|F32|exact|m512k4096n4096": {"kernel": "packed", "mr": 6,
+            "nr": 4, "mc": 8, "nc": 32, "kc": 512, "m_parts": 1, "n_parts": 2,
+            "measured_us": 157539.5}}}"#;
+        let cache: TuningCache = serde_json::from_str(old).unwrap();
+        assert_eq!(cache.plans.len(), 1);
+        let plan = &cache.plans["AMD EPYC|t2|F32|exact|m512k4096n4096"];
+        assert_eq!((plan.mr, plan.nr, plan.kc), (6, 4, Some(512)));
+    }
 }

@@ -363,6 +363,10 @@ pub(crate) fn cache_bytes(level: &str, default: usize) -> usize {
 }
 
 /// Measures a full profile (about two seconds). `progress` names each step as it starts.
+/// What a class profile (`cost::profiles`) starts from, through the `print_profile` test;
+/// its tile rates come from small products and mis-rank kernels until fitted to whole
+/// products, so no planner ranks with it directly (`tessera tune` did until the eighteenth
+/// round).
 pub fn measure_profile(pool: &ThreadPool, progress: &mut dyn FnMut(&str)) -> MachineProfile {
     let mut p = MachineProfile::default_for(&cpu_model());
     progress("f32 dot tiles");

@@ -51,6 +51,14 @@ pub fn load_planner() -> Planner {
             }
         }
     };
+    if cache.legacy_profile.is_some() {
+        tracing::warn!(
+            "{} was written by an older `tessera tune`, which ranked its candidates with a \
+             measured profile that left some kernels out (at large M its plans can run 0.8x \
+             the untuned planner's); run `tessera tune` again to replace it",
+            tuning_path().display()
+        );
+    }
     Planner::new(MachineProfile::default_for(&cpu_model()), cache)
 }
 
@@ -67,8 +75,14 @@ mod tests {
             "nr": 4, "mc": 8, "nc": 32, "kc": 512, "m_parts": 1, "n_parts": 2,
             "measured_us": 157539.5}}}"#;
         let cache: TuningCache = serde_json::from_str(old).unwrap();
+        assert!(cache.legacy_profile.is_some(), "an old cache is told apart");
         assert_eq!(cache.plans.len(), 1);
         let plan = &cache.plans["AMD EPYC|t2|F32|exact|m512k4096n4096"];
         assert_eq!((plan.mr, plan.nr, plan.kc), (6, 4, Some(512)));
+        // Written again, it carries no profile.
+        let again: TuningCache =
+            serde_json::from_str(&serde_json::to_string(&cache).unwrap()).unwrap();
+        assert!(again.legacy_profile.is_none());
+        assert_eq!(again.plans.len(), 1);
     }
 }

@@ -125,14 +125,17 @@ impl TunedPlan {
 
 /// The tuning cache file: measured winners, one per shape bucket. The planner around it ranks
 /// every other shape with the class profile of the CPU (`MachineProfile::default_for`).
-/// Caches written before the eighteenth round also hold a measured machine profile
-/// (`profile`); it is ignored (serde skips the field): its tile rates came from
-/// `calibrate::tile_rates`' small products, which the cost model's fitted rates do not mean
-/// (on the Zen 4 they rated the outer-product tile 0.7x the macro tile, which whole products
-/// run 1.1-1.2x faster at large M, so a tuned planner never timed it there).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TuningCache {
     pub plans: HashMap<String, TunedPlan>,
+    /// Present in caches written before the eighteenth round: the machine profile `tessera
+    /// tune` measured and ranked its candidates with. Its contents are not read (its tile
+    /// rates came from `calibrate::tile_rates`' small products, which the cost model's
+    /// fitted rates do not mean: on the Zen 4 they rated the outer-product tile 0.7x the
+    /// macro tile, which whole products run 1.1-1.2x faster at large M, so such a cache's
+    /// winners never include it there); its presence says the plans came from that ranking.
+    #[serde(default, rename = "profile", skip_serializing)]
+    pub legacy_profile: Option<serde::de::IgnoredAny>,
 }
 
 pub struct Planner {

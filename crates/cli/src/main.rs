@@ -299,8 +299,13 @@ pub(crate) fn default_model_name(args: &ModelArgs, engine: &Engine) -> String {
 }
 
 fn main() {
+    // Warnings show without RUST_LOG (a corrupt or outdated tuning cache, a chat template
+    // that fails to load, a request's failure in the step loop); RUST_LOG overrides.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = run(Cli::parse()) {

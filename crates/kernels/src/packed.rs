@@ -177,6 +177,13 @@ impl PackedWeight {
         })
     }
 
+    /// The records of groups `groups`, each group's `blocks` records in a row.
+    #[inline]
+    pub fn group_bytes(&self, groups: std::ops::Range<usize>) -> &[u8] {
+        let group = self.blocks * self.record_bytes;
+        &self.data[groups.start * group..groups.end * group]
+    }
+
     #[inline]
     pub fn record(&self, g: usize, b: usize) -> &[u8] {
         &self.data[(g * self.blocks + b) * self.record_bytes..][..self.record_bytes]

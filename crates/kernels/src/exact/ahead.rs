@@ -15,10 +15,8 @@ fn weight_bytes(w: &GemmWeight, rows: Range<usize>) -> &[u8] {
         return &[];
     }
     if let Some(pw) = &w.packed {
-        let group_bytes = pw.blocks * pw.record_bytes;
         let group = crate::packed::GROUP;
-        let (g0, g1) = (rows.start / group, rows.end.div_ceil(group).min(pw.groups));
-        return &pw.data[g0 * group_bytes..g1 * group_bytes];
+        return pw.group_bytes(rows.start / group..rows.end.div_ceil(group).min(pw.groups));
     }
     w.stored_rows(rows).unwrap_or(&[])
 }

@@ -159,7 +159,7 @@ fn tile16(
     use crate::x86::avx512_exact as ax;
     assert!(crate::isa::avx512_exact() && g0 < pw.groups && g1 < pw.groups);
     assert!(mr <= 2 && mr * k <= x.len() && pw.blocks * 32 == k);
-    let group = |g: usize| pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
+    let group = |g: usize| pw.group_bytes(g..g + 1).as_ptr();
     let (r0, r1) = (group(g0), group(g1));
     assert!(pw.fast.len() * 8 >= pw.groups * pw.blocks);
     let fast = pw.fast.as_ptr();
@@ -209,7 +209,7 @@ fn tile8(pw: &PackedWeight, mr: usize, x: XRows, k: usize, g: usize) -> [[f32; 8
     };
     assert!(crate::Isa::active() == crate::Isa::Avx2Fma && g < pw.groups);
     assert!((1..=4).contains(&mr) && mr * row <= xs.len() && pw.blocks * 32 == k);
-    let r = pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
+    let r = pw.group_bytes(g..g + 1).as_ptr();
     macro_rules! run {
         ($DT:expr, $MR:literal, $L:literal) => {{
             let xp: [*const f32; $MR] = std::array::from_fn(|a| xs[a * row..].as_ptr());
@@ -264,7 +264,7 @@ pub(crate) fn strip32(pw: &PackedWeight, r0: usize, live: usize, dst: &mut [f32]
     assert!(strip32_fits(r0) && (1..=32).contains(&live) && r0 + live <= pw.n);
     assert!(dst.len() == 32 * k && pw.blocks * 32 == k);
     assert!(pw.fast.len() * 8 >= pw.groups * pw.blocks);
-    let group = |g: usize| pw.data[g * pw.blocks * pw.record_bytes..].as_ptr();
+    let group = |g: usize| pw.group_bytes(g..g + 1).as_ptr();
     for half in 0..2 {
         let ga = r0 / GROUP + 2 * half;
         if 16 * half >= live {

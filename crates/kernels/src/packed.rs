@@ -37,19 +37,16 @@ pub struct PackedWeight {
     pub fast: Vec<u8>,
 }
 
-/// Whether a row's block scales allow the AVX-512 stream kernel's magic-exponent decode
-/// (`x86::avx512_exact`): `d > 0` and finite, and for Q4_1 both of its `C = m − 16d` and
-/// `C = m − 256d` (high and low nibbles) finite and exact in f32 (f64 holds them exactly:
-/// `m` and `d` are f16 values). Then `(2^e + q) · d + C` rounded once is the reference's
-/// `q · d + m`; otherwise the kernel's general path, bitwise the same, runs.
-pub fn magic_ok(dtype: DType, d: f32, m: f32) -> bool {
+/// Whether a row's block scales allow the AVX-512 stream kernel's fast decode
+/// (`x86::avx512_exact`). Q4_0 and Q8_0 (magic exponent): `d > 0` and finite (and for Q4_0
+/// `264d` finite), so that `(2^e + q) · d + C` rounded once is the reference's value. Q4_1
+/// (subnormal field): `d · 2^130` finite or `d` not finite, that is not `|d| ≥ 1/4` finite:
+/// `(q · 2^-130) · (d · 2^130) + m` rounded once is the reference's `q · d + m` for every
+/// `m`. Otherwise the kernel's general path, bitwise the same, runs.
+pub fn magic_ok(dtype: DType, d: f32) -> bool {
     let d_ok = d > 0.0 && d.is_finite();
-    let exact = |e: f32| {
-        let c = m - e * d;
-        c.is_finite() && c as f64 == m as f64 - e as f64 * d as f64
-    };
     match dtype {
-        DType::Q4_1 => d_ok && m.is_finite() && exact(16.0) && exact(256.0),
+        DType::Q4_1 => !(d.is_finite() && d.abs() >= 0.25),
         DType::Q4_0 => d_ok && (264.0 * d).is_finite(),
         _ => d_ok,
     }
@@ -152,8 +149,7 @@ impl PackedWeight {
                     }
                 }
                 let real = n.saturating_sub(g * GROUP).min(GROUP);
-                if (0..real).all(|c| magic_ok(dtype, f16_bits_to_f32(d[c]), f16_bits_to_f32(m[c])))
-                {
+                if (0..real).all(|c| magic_ok(dtype, f16_bits_to_f32(d[c]))) {
                     let i = g * blocks + b;
                     fast[i / 8] |= 1 << (i % 8);
                 }
@@ -211,17 +207,26 @@ mod tests {
 
     #[test]
     fn magic_ok_is_the_fast_paths_precondition() {
-        assert!(magic_ok(DType::Q8_0, 0.5, 0.0) && magic_ok(DType::Q4_0, 1e-7, 0.0));
+        assert!(magic_ok(DType::Q8_0, 0.5) && magic_ok(DType::Q4_0, 1e-7));
         for d in [0.0, -0.5, f32::INFINITY, f32::NAN] {
-            assert!(!magic_ok(DType::Q8_0, d, 0.0) && !magic_ok(DType::Q4_1, d, -1.0));
+            assert!(!magic_ok(DType::Q8_0, d) && !magic_ok(DType::Q4_0, d));
         }
-        // m − 16d exact (few bits) or not (16 − 2^-22 needs 27 bits).
-        assert!(magic_ok(DType::Q4_1, 0.25, -1.75));
-        assert!(!magic_ok(DType::Q4_1, 1.0, 2f32.powi(-22)));
-        // m − 256d needs 24 bits at most: 2^-16 below 256 is exact, 2^-17 is not.
-        assert!(magic_ok(DType::Q4_1, 1.0, 2f32.powi(-16)));
-        assert!(!magic_ok(DType::Q4_1, 1.0, 2f32.powi(-17)));
-        assert!(!magic_ok(DType::Q4_1, 1.0, f32::INFINITY));
+        // Q4_1: every scale whose `d · 2^130` is finite, and the non-finite ones.
+        for d in [
+            0.0,
+            -0.0,
+            -0.1,
+            0.2498779,
+            -0.2498779,
+            6e-8,
+            f32::INFINITY,
+            f32::NAN,
+        ] {
+            assert!(magic_ok(DType::Q4_1, d), "d {d}");
+        }
+        for d in [0.25, -0.25, 1.0, 65504.0] {
+            assert!(!magic_ok(DType::Q4_1, d), "d {d}");
+        }
     }
 
     /// One Q4_1 block per row with scales `(d, m)`.
@@ -235,13 +240,13 @@ mod tests {
     #[test]
     fn the_fast_bitmap_marks_records_whose_real_rows_all_qualify() {
         // 19 rows: groups 0 and 1 whole, group 2 with 3 real rows (its padding rows have
-        // zero scales and must not clear its bit). Row 9 (group 1) has a negative scale.
+        // zero scales and must not clear its bit). Row 9 (group 1) has a scale past 1/4.
         let rows: Vec<Vec<u8>> = (0..19)
             .map(|r| {
                 if r == 9 {
-                    q41_row(-0.25, 1.0)
+                    q41_row(-0.5, 1.0)
                 } else {
-                    q41_row(0.25, -1.75)
+                    q41_row(0.125, -1.75)
                 }
             })
             .collect();

@@ -329,3 +329,74 @@ fn stream_on_records_plain_and_expanded_rows_agree() {
         assert!(same(&one, &want[..n]), "{dtype}: one row");
     }
 }
+
+/// Q4_1's fast decode reads subnormal floats (`x86::avx512_exact::subnormal_q4_1`): on a
+/// thread whose MXCSR has DAZ set (a fast-math host), every weight would read as its `m`,
+/// so the kernel takes the general path there, and its results stay the same bits.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn q4_1_stream_keeps_its_bits_where_denormals_are_zero() {
+    use crate::x86::avx512_exact::{record_geometry, stream16, Q4_1};
+    use std::arch::is_x86_feature_detected as has;
+    let cpu = [
+        has!("avx512f"),
+        has!("avx512bw"),
+        has!("avx512dq"),
+        has!("avx512vl"),
+    ];
+    if !(cpu.iter().all(|&f| f) && has!("fma") && has!("f16c")) {
+        return;
+    }
+    let (n, k) = (16, 96);
+    let rows = quantized_rows(DType::Q4_1, n, k, 11);
+    let pw = crate::packed::PackedWeight::pack_rows(DType::Q4_1, n, k, &|r| &rows[r]).unwrap();
+    // Every record flagged fast: the test runs the guard, not the general path by chance.
+    assert!((0..pw.groups * pw.blocks).all(|i| pw.fast[i / 8] >> (i % 8) & 1 == 1));
+    let x = acts(1, k, 12);
+    let (rb, _, _) = record_geometry(Q4_1);
+    let (xp, r0, fast) = (
+        x.as_ptr() as usize,
+        pw.data.as_ptr() as usize,
+        pw.fast.as_ptr() as usize,
+    );
+    let call = move || {
+        // SAFETY: the features were checked above; `x` holds `32 · blocks` values, the
+        // records are the two groups' `blocks` records each, `fast` their bitmap.
+        unsafe {
+            let r0 = r0 as *const u8;
+            let r1 = r0.add(pw.blocks * rb);
+            stream16::<Q4_1, 1>(
+                [xp as *const f32],
+                r0,
+                r1,
+                pw.blocks,
+                fast as *const u8,
+                0,
+                pw.blocks,
+            )
+        }
+    };
+    let plain = call();
+    let daz = std::thread::spawn(move || {
+        let mut csr = 0u32;
+        // SAFETY: reads and writes this thread's MXCSR through a local: DAZ (bit 6) set.
+        unsafe {
+            std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack));
+            let daz = csr | 1 << 6;
+            std::arch::asm!("ldmxcsr [{}]", in(reg) &daz, options(nostack));
+        }
+        call()
+    })
+    .join()
+    .unwrap();
+    let bits = |v: &[f32; 16]| v.map(f32::to_bits);
+    assert_eq!(bits(&plain[0]), bits(&daz[0]));
+    let want = reference(
+        &ThreadPool::new(1),
+        &x,
+        1,
+        &pair(DType::Q4_1, rows, k, 1).0,
+        None,
+    );
+    assert_eq!(bits(&plain[0]), bits(&want[..16].try_into().unwrap()));
+}

@@ -12,28 +12,32 @@
 //! `avx2::tile_f32` computes it on the dequantized row: same products, same order, FMA.
 //!
 //! Dequantization (bit-identical to `tessera_core::tensor::dequantize_row`). Per block, when
-//! the 16 rows' scales allow it (the common case, decided at repack, see below), a shift and
-//! a ternary-logic op build each vector of weights as floats `F = 2^e + q` directly ("magic
-//! exponent": the quant bits are placed in a float's mantissa under a fixed exponent,
-//! `Consts::float_in`), and one FMA `F · d + C` finishes it, `C` chosen so that `F · d + C`
-//! is exactly the reference's unrounded value and the FMA's one rounding is the reference's:
-//! - Q4_1: `C = m − 2^e·d`: `F·d + C = q·d + m` (exact if `C` is); the reference rounds
-//!   `q·d` (exact) and then `+ m` once.
-//! - Q4_0: `C = −(2^e + 8)·d` (exact): `F·d + C = (q − 8)·d`, rounded once as the
-//!   reference's product.
-//! - Q8_0: `F = 2^15 + (q + 128)`, `C = −(2^15 + 128)·d` (exact): `F·d + C = q·d`.
+//! the 16 rows' scales allow it (the common case, decided at repack, see below), integer
+//! operations place each quant in a float's mantissa and one FMA finishes the weight:
+//! - Q4_1 (subnormal field, [`subnormal_q4_1`]): a shift and an AND put the nibble at bits
+//!   19..23 under a zero exponent, the subnormal `F = q · 2^-130`, and `F · D + m` with
+//!   `D = d · 2^130` is `q · d + m` with one rounding, the reference's (it rounds `q · d`,
+//!   exact, then `+ m` once). Needs `d · 2^130` finite (or `d` not finite) and subnormal
+//!   inputs kept (MXCSR's DAZ clear, checked once per call).
+//! - Q4_0 and Q8_0 (magic exponent): a shift and a ternary-logic op build `F = 2^e + q`
+//!   directly (the quant bits under a fixed exponent, `Consts::float_in`), and `F · d + C`
+//!   with `C = −(2^e + 8)·d` (Q4_0) or, from `F = 2^15 + (q + 128)`, `C = −(2^15 + 128)·d`
+//!   (Q8_0), both exact, is the reference's product rounded once. For Q4_0 a byte's two
+//!   nibbles (at bits `8j` and `8j + 4` of a row's dword) are placed by one shift at bits 15
+//!   and 19, the mantissa fields of `F = 256 + q` (`e = 8`) and `F = 16 + q` (`e = 4`), each
+//!   with its own `C`: half a shift per weight vector instead of one (Emerald Rapids Xeon,
+//!   one unit, Q4_1 at M = 1 when it decoded this way: +7-10%, paired runs). These need
+//!   `d > 0` and finite (then an exact zero comes out `+0`, as the reference's `q·d` with
+//!   `q = 0` and `d > 0`).
 //!
-//! For the 4-bit formats a byte's two nibbles (at bits `8j` and `8j + 4` of a row's dword)
-//! are placed by one shift at bits 15 and 19, the mantissa fields of `F = 256 + q` (`e = 8`)
-//! and `F = 16 + q` (`e = 4`), each with its own `C`: half a shift per weight vector instead
-//! of one (Emerald Rapids Xeon, one unit, Q4_1 at M = 1: +7-10%, paired runs).
+//! Q4_1 moved from the magic exponent to the subnormal field in the nineteenth round: on
+//! Zen 4 the ternary-logic op competes with the FMAs for their pipes where a shift and an
+//! AND do not (one unit, M = 1, SmolLM2 shapes: 42 → 45-47 GFLOP/s; M = 2 and 4 +7%).
 //!
-//! These need `d > 0` and finite (then an exact zero comes out `+0`, as the reference's
-//! `q·d` with `q = 0` and `d > 0`). Whether a record's rows meet them is decided once, when
-//! the weight is repacked (`crate::packed::magic_ok`, a bit per record in
-//! `PackedWeight::fast`; a per-block check in the kernel cost ~10% of its rate on the
-//! Emerald Rapids Xeon). A record where any real row has `d ≤ 0`, `d` not finite, or (Q4_1)
-//! an inexact or non-finite `C` (either `e`) takes another path:
+//! Whether a record's rows meet these conditions is decided once, when the weight is
+//! repacked (`crate::packed::magic_ok`, a bit per record in `PackedWeight::fast`; a
+//! per-block check in the kernel cost ~10% of its rate on the Emerald Rapids Xeon). A
+//! record where a real row does not takes another path:
 //! - Q4_0: the same `F`, then the reference's own product `(F − (2^e + 8)) · d`: the
 //!   subtraction gives `q − 8` exactly (`+0` for `q = 8`), so every `d` is handled, at one
 //!   more operation per vector (ggml's Q4_0 scale is negative in about half of all blocks);
@@ -150,6 +154,9 @@ struct Consts {
     field_lo: __m512i,
     /// `spread(j, 0)` (4-bit) or `spread(j, 3)` (Q8_0): the general path's byte shuffles.
     slow: [__m512i; 4],
+    /// Whether subnormal inputs keep their values in this thread (MXCSR's DAZ bit clear),
+    /// as Q4_1's fast decode needs ([`subnormal_q4_1`]); read once per call.
+    subnormals: bool,
 }
 
 impl Consts {
@@ -167,6 +174,7 @@ impl Consts {
             magic_lo: _mm512_set1_epi32(0x4380_0000),
             field_lo: _mm512_set1_epi32(0x0007_8000),
             slow: std::array::from_fn(|j| spread_reg(j, slow_pos)),
+            subnormals: subnormal_inputs_kept(),
         }
     }
 
@@ -264,23 +272,85 @@ impl Sink for StripRows {
 }
 
 /// The magic-exponent path's `C` for a block's 16 rows with `F = 2^e + q` (`e` 4 or 8 for
-/// the 4-bit formats, 15 for Q8_0; `m` unused but for Q4_1). Whether the path may run was
-/// decided when the weight was repacked (`crate::packed::magic_ok`).
+/// Q4_0, 15 for Q8_0): `−(2^e + 8)·d` and `−(2^15 + 128)·d`, exact for a record flagged
+/// fast (`crate::packed::magic_ok`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
-unsafe fn magic_c<const DT: u8>(d: __m512, m: __m512, e: i32) -> __m512 {
-    let offset = _mm512_set1_ps(2f32.powi(e));
+unsafe fn magic_c<const DT: u8>(d: __m512, e: i32) -> __m512 {
+    debug_assert!(DT != Q4_1, "Q4_1 decodes by the subnormal field");
     match DT {
-        // m − 2^e·d, one rounding (exact for a record flagged fast).
-        Q4_1 => _mm512_fnmadd_ps(offset, d, m),
-        // −(2^e + 8)·d and −(2^15 + 128)·d (exact for a record flagged fast).
         Q4_0 => _mm512_mul_ps(_mm512_set1_ps(-(2f32.powi(e) + 8.0)), d),
         _ => _mm512_mul_ps(_mm512_set1_ps(-32896.0), d),
     }
 }
 
-/// The magic-exponent decode of one 4-bit block (see the module's documentation), each weight
-/// vector to `out`. `FUSED`: `w = F·d + C` (a record flagged fast); else (Q4_0 only) the
+/// Whether this thread's floating-point unit takes subnormal inputs as they are: MXCSR's
+/// DAZ ("denormals are zero") bit clear, as Rust and C leave it. A host that sets it (some
+/// fast-math builds do) makes Q4_1's fast decode read every weight as `m`, so the general
+/// path runs instead.
+fn subnormal_inputs_kept() -> bool {
+    let mut csr = 0u32;
+    // SAFETY: `stmxcsr` stores the 4-byte MXCSR register at the address given, a local.
+    unsafe {
+        std::arch::asm!("stmxcsr [{}]", in(reg) &mut csr, options(nostack, preserves_flags));
+    }
+    csr & (1 << 6) == 0
+}
+
+/// Q4_1's fast decode of one block (a record flagged fast: `|d| < 1/4` or `d` not finite in
+/// every row, `crate::packed::magic_ok`; and [`Consts::subnormals`]), each weight vector to
+/// `out`. Each nibble is shifted to bits 19..23 and masked: the float `F = q · 2^-130`, a
+/// subnormal (exponent field zero), and one FMA `F · D + m` with `D = d · 2^130` (two exact
+/// scalings by `2^65`, finite for `|d| < 1/4`) finishes it: `F · D` is `q · d` exactly, so the
+/// FMA's one rounding is the reference's `q · d + m` for every `m` and every sign, zero and
+/// non-finite `d` (`+0 · D` is `d`'s zero as `0 · d` is). Per vector a shift and an AND,
+/// integer operations that issue beside the FMAs; the magic exponent's ternary-logic op
+/// competes with them (Zen 4, register-only loops of the M = 1 mix, 4 weight vectors per
+/// iteration: 9.4 cycles with `ternlog` and half a shift per vector, 8.0 with a shift and
+/// an AND, the two FMAs' bound; subnormal inputs cost the FMA nothing there).
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
+unsafe fn subnormal_q4_1<const MR: usize>(
+    k: &Consts,
+    out: &mut impl Sink,
+    z: &[__m512i; 4],
+    d: __m512,
+    m: __m512,
+    e0: usize,
+) {
+    let two65 = _mm512_set1_ps(2f32.powi(65));
+    let ds = _mm512_mul_ps(_mm512_mul_ps(d, two65), two65);
+    // Element 8ch + 4half + j: the low (ch < 2) or high nibble of byte j of slice
+    // 2·(ch % 2) + half.
+    let mut one = |ch: usize, half: usize, j: usize| {
+        let p = 8 * j as u32 + if ch < 2 { 0 } else { 4 };
+        let bits = Consts::shifted(z[2 * (ch % 2) + half], p, 19);
+        let f = _mm512_castsi512_ps(_mm512_and_si512(bits, k.field));
+        let w = _mm512_fmadd_ps(f, ds, m);
+        out.put(e0 + 8 * ch + 4 * half + j, 4 * half + j, w);
+    };
+    if MR == 1 {
+        // One accumulator's four chunks in a row (as `magic_q4`).
+        for half in 0..2 {
+            for j in 0..4 {
+                for ch in 0..4 {
+                    one(ch, half, j);
+                }
+            }
+        }
+    } else {
+        for ch in 0..4 {
+            for half in 0..2 {
+                for j in 0..4 {
+                    one(ch, half, j);
+                }
+            }
+        }
+    }
+}
+
+/// The magic-exponent decode of one Q4_0 block (see the module's documentation), each weight
+/// vector to `out`. `FUSED`: `w = F·d + C` (a record flagged fast); else the
 /// reference's own product `w = (F − (2^e + 8)) · d`, the subtraction exact (`q − 8` as a
 /// float, `+0` for `q = 8`), which holds for every `d` (negative, zero, not finite) at one
 /// more operation per vector.
@@ -292,12 +362,11 @@ unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
     out: &mut impl Sink,
     z: &[__m512i; 4],
     d: __m512,
-    m: __m512,
     e0: usize,
 ) {
     // Per exponent e = 8 (index 0) and 4 (index 1): C, or −(2^e + 8).
     let c = if FUSED {
-        [magic_c::<DT>(d, m, 8), magic_c::<DT>(d, m, 4)]
+        [magic_c::<DT>(d, 8), magic_c::<DT>(d, 4)]
     } else {
         [_mm512_set1_ps(-264.0), _mm512_set1_ps(-24.0)]
     };
@@ -375,13 +444,15 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     let z: [__m512i; 4] = std::array::from_fn(|v| quads16(r0, r1, v));
     // Record slice v holds, per row, elements 4v + j (low nibbles) and 16 + 4v + j (high):
     // chunk ch's lanes 0..4 come from slice 2·(ch % 2), lanes 4..8 from the next one.
-    if fast {
-        magic_q4::<DT, MR, true>(k, out, &z, d, m, e0);
+    if fast && DT == Q4_1 {
+        subnormal_q4_1::<MR>(k, out, &z, d, m, e0);
+    } else if fast {
+        magic_q4::<DT, MR, true>(k, out, &z, d, e0);
     } else if DT == Q4_0 {
         // Q4_0's scale is negative in about half of its blocks (ggml stores `max / −8`),
         // so most records hold a row with one: 16-18% faster than the general path at
         // M = 1, 4% at M = 2 (Emerald Rapids Xeon, paired runs).
-        magic_q4::<DT, MR, false>(k, out, &z, d, m, e0);
+        magic_q4::<DT, MR, false>(k, out, &z, d, e0);
     } else {
         let nib = _mm512_set1_epi8(0x0f);
         for ch in 0..4 {
@@ -422,7 +493,7 @@ unsafe fn block_q8<const MR: usize>(
     let d = halves16(r0, r1, d_off);
     // Record slice v holds, per row, elements 4v + j: chunk v / 2, lanes 4·(v % 2) + j.
     if fast {
-        let c = magic_c::<Q8_0>(d, _mm512_setzero_ps(), 15);
+        let c = magic_c::<Q8_0>(d, 15);
         let flip = _mm512_set1_epi8(-128);
         for v in 0..8 {
             // q + 128 as a byte, placed under 0x47 0x00: the float 2^15 + q + 128.
@@ -458,7 +529,7 @@ unsafe fn block16<const DT: u8, const MR: usize>(
     (fast, f0, f1): (*const u8, usize, usize),
 ) {
     let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
-    let magic = bit(f0 + b) && bit(f1 + b);
+    let magic = bit(f0 + b) && bit(f1 + b) && (DT != Q4_1 || k.subnormals);
     match DT {
         Q8_0 => block_q8::<MR>(k, out, p0, p1, 32 * b, magic),
         _ => block_q4::<DT, MR>(k, out, p0, p1, 32 * b, magic),

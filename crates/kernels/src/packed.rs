@@ -40,13 +40,13 @@ pub struct PackedWeight {
 /// Whether a row's block scales allow the AVX-512 stream kernel's fast decode
 /// (`x86::avx512_exact`). Q4_0 and Q8_0 (magic exponent): `d > 0` and finite (and for Q4_0
 /// `264d` finite), so that `(2^e + q) · d + C` rounded once is the reference's value. Q4_1
-/// (subnormal field): `d · 2^130` finite or `d` not finite, that is not `|d| ≥ 1/4` finite:
-/// `(q · 2^-130) · (d · 2^130) + m` rounded once is the reference's `q · d + m` for every
+/// (low field): `d · 2^129` finite or `d` not finite, that is not `|d| ≥ 1/2` finite:
+/// `(q · 2^-129) · (d · 2^129) + m` rounded once is the reference's `q · d + m` for every
 /// `m`. Otherwise the kernel's general path, bitwise the same, runs.
 pub fn magic_ok(dtype: DType, d: f32) -> bool {
     let d_ok = d > 0.0 && d.is_finite();
     match dtype {
-        DType::Q4_1 => !(d.is_finite() && d.abs() >= 0.25),
+        DType::Q4_1 => !(d.is_finite() && d.abs() >= 0.5),
         DType::Q4_0 => d_ok && (264.0 * d).is_finite(),
         _ => d_ok,
     }
@@ -211,20 +211,20 @@ mod tests {
         for d in [0.0, -0.5, f32::INFINITY, f32::NAN] {
             assert!(!magic_ok(DType::Q8_0, d) && !magic_ok(DType::Q4_0, d));
         }
-        // Q4_1: every scale whose `d · 2^130` is finite, and the non-finite ones.
+        // Q4_1: every scale whose `d · 2^129` is finite, and the non-finite ones.
         for d in [
             0.0,
             -0.0,
             -0.1,
-            0.2498779,
-            -0.2498779,
+            0.4997559,
+            -0.4997559,
             6e-8,
             f32::INFINITY,
             f32::NAN,
         ] {
             assert!(magic_ok(DType::Q4_1, d), "d {d}");
         }
-        for d in [0.25, -0.25, 1.0, 65504.0] {
+        for d in [0.5, -0.5, 1.0, 65504.0] {
             assert!(!magic_ok(DType::Q4_1, d), "d {d}");
         }
     }
@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn the_fast_bitmap_marks_records_whose_real_rows_all_qualify() {
         // 19 rows: groups 0 and 1 whole, group 2 with 3 real rows (its padding rows have
-        // zero scales and must not clear its bit). Row 9 (group 1) has a scale past 1/4.
+        // zero scales and must not clear its bit). Row 9 (group 1) has a scale of 1/2.
         let rows: Vec<Vec<u8>> = (0..19)
             .map(|r| {
                 if r == 9 {

@@ -99,8 +99,10 @@ fn test_rows(dtype: DType, n: usize, k: usize, seed: u64, awkward: bool) -> Vec<
 /// Q4_1 minimums up to 20 binades from `16d` make some `C` inexact), or per-row values that
 /// include zero, negative, infinite and NaN scales (the general path).
 fn awkward_rows(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<Vec<u8>> {
-    const POSITIVE: [u16; 6] = [
+    const POSITIVE: [u16; 8] = [
         0x2e66, // 0.1
+        0x37ff, // the largest below 1/2 (Q4_1's fast decode up to here)
+        0x3800, // 1/2
         0x3c00, // 1
         0x0001, // smallest subnormal
         0x03ff, // largest subnormal

@@ -12,3 +12,4 @@ pub mod avx512_exact;
 pub mod avx512_outer;
 pub mod avx512_packed;
 pub mod lora_avx2;
+mod pipe_probe;

@@ -393,12 +393,11 @@ fn q4_1_stream_keeps_its_bits_where_denormals_are_zero() {
     .unwrap();
     let bits = |v: &[f32; 16]| v.map(f32::to_bits);
     assert_eq!(bits(&plain[0]), bits(&daz[0]));
-    let want = reference(
-        &ThreadPool::new(1),
-        &x,
-        1,
-        &pair(DType::Q4_1, rows, k, 1).0,
-        None,
-    );
-    assert_eq!(bits(&plain[0]), bits(&want[..16].try_into().unwrap()));
+    // And they are the reference's where the reference runs the same ISA family (the
+    // portable kernels' separate multiply and add round differently).
+    if crate::isa::avx512_exact() {
+        let stored = pair(DType::Q4_1, rows, k, 1).0;
+        let want = reference(&ThreadPool::new(1), &x, 1, &stored, None);
+        assert_eq!(bits(&plain[0]), bits(&want[..16].try_into().unwrap()));
+    }
 }

@@ -124,5 +124,11 @@ mod tests {
             "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
             "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
             "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvpandd zmm11, zmm18, zmm17\nvpslld zmm15, zmm18, 4\n"));
+        probe!("Q4_1 M = 1, low field + 1 vinserti64x4 zmm, m256", base, concat!(
+            "vinserti64x4 zmm14, zmm18, [{q} + 64], 1\n",
+            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q}]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
+            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvpandd zmm11, zmm18, zmm17\nvpslld zmm15, zmm18, 4\n"));
     }
 }

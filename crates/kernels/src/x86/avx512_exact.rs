@@ -284,7 +284,7 @@ impl Sink for StripRows {
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
 unsafe fn magic_c<const DT: u8>(d: __m512, e: i32) -> __m512 {
-    debug_assert!(DT != Q4_1, "Q4_1 decodes by the subnormal field");
+    debug_assert!(DT != Q4_1, "Q4_1 decodes by the low field (subnormal_q4_1)");
     match DT {
         Q4_0 => _mm512_mul_ps(_mm512_set1_ps(-(2f32.powi(e) + 8.0)), d),
         _ => _mm512_mul_ps(_mm512_set1_ps(-32896.0), d),
@@ -320,7 +320,6 @@ fn subnormal_inputs_kept() -> bool {
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
 unsafe fn subnormal_q4_1<const MR: usize>(
-    k: &Consts,
     out: &mut impl Sink,
     z: &[__m512i; 4],
     d: __m512,
@@ -457,7 +456,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     // Record slice v holds, per row, elements 4v + j (low nibbles) and 16 + 4v + j (high):
     // chunk ch's lanes 0..4 come from slice 2·(ch % 2), lanes 4..8 from the next one.
     if fast && DT == Q4_1 {
-        subnormal_q4_1::<MR>(k, out, &z, d, m, e0);
+        subnormal_q4_1::<MR>(out, &z, d, m, e0);
     } else if fast {
         magic_q4::<DT, MR, true>(k, out, &z, d, e0);
     } else if DT == Q4_0 {

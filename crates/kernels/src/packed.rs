@@ -33,7 +33,7 @@ pub struct PackedWeight {
     pub data: Aligned<u8>,
     /// One bit per record (bit `i % 8` of byte `i / 8`, `i = g · blocks + b`): whether every
     /// real row of the record meets [`magic_ok`], so the AVX-512 stream kernel may take its
-    /// magic-exponent path without checking the scales itself.
+    /// fast decode (magic exponent, or Q4_1's low field) without checking the scales itself.
     pub fast: Vec<u8>,
 }
 

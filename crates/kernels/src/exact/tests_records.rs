@@ -332,7 +332,7 @@ fn stream_on_records_plain_and_expanded_rows_agree() {
     }
 }
 
-/// Q4_1's fast decode reads subnormal floats (`x86::avx512_exact::subnormal_q4_1`): on a
+/// Q4_1's fast decode reads subnormal floats (`x86::avx512_decode::subnormal_q4_1`): on a
 /// thread whose MXCSR has DAZ set (a fast-math host), every weight would read as its `m`,
 /// so the kernel takes the general path there, and its results stay the same bits.
 #[test]

@@ -8,6 +8,7 @@ pub mod avx2_outer;
 pub mod avx2_packed;
 pub mod avx2_q8;
 pub mod avx2_records;
+mod avx512_decode;
 pub mod avx512_exact;
 pub mod avx512_outer;
 pub mod avx512_packed;

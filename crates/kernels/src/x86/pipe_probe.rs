@@ -3,7 +3,7 @@
 //! register-only loop (no memory but an L1-resident broadcast operand) of independent
 //! operations and prints nanoseconds per iteration beside the FMA-only loop, so a kernel's
 //! operation mix can be judged before it is written. The nineteenth round chose Q4_1's
-//! decode with it (`avx512_exact::subnormal_q4_1`: a shift and an AND issue beside the
+//! decode with it (`avx512_decode::subnormal_q4_1`: a shift and an AND issue beside the
 //! FMAs on Zen 4, the magic exponent's ternary-logic op does not).
 //!
 //! `cargo test --release -p tessera-kernels --lib pipe_probe -- --ignored --nocapture`

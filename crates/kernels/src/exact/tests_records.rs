@@ -95,9 +95,10 @@ fn test_rows(dtype: DType, n: usize, k: usize, seed: u64, awkward: bool) -> Vec<
 
 /// Rows of random quants with awkward f16 scales (and minimums). Each block index gets a
 /// class shared by all rows, so both dequantization paths run with every kind of value:
-/// positive finite scales of every size (the magic-exponent path when `C` is exact; for
-/// Q4_1 minimums up to 20 binades from `16d` make some `C` inexact), or per-row values that
-/// include zero, negative, infinite and NaN scales (the general path).
+/// positive finite scales of every size (the fast decode below a bound: Q4_1's low field
+/// below 1/2, the magic exponent for all of them for Q4_0 and Q8_0), or per-row values
+/// that include zero, negative, infinite and NaN scales (the general path for Q4_0 and
+/// Q8_0; Q4_1's low field takes them all), with Q4_1 minimums of every size and sign.
 fn awkward_rows(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<Vec<u8>> {
     const POSITIVE: [u16; 8] = [
         0x2e66, // 0.1

@@ -69,6 +69,36 @@ mod tests {
         };
     }
 
+    /// Eight FMAs with four `$op zmmN, $args` (N = 8..12, each its own destination)
+    /// between them.
+    macro_rules! beside {
+        ($op:literal, $args:literal) => {
+            concat!(
+                "vfmadd231ps zmm0, zmm16, zmm17\n",
+                $op,
+                " zmm8, ",
+                $args,
+                "\n",
+                "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm2, zmm16, zmm17\n",
+                $op,
+                " zmm9, ",
+                $args,
+                "\n",
+                "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm4, zmm16, zmm17\n",
+                $op,
+                " zmm10, ",
+                $args,
+                "\n",
+                "vfmadd231ps zmm5, zmm16, zmm17\nvfmadd231ps zmm6, zmm16, zmm17\n",
+                $op,
+                " zmm11, ",
+                $args,
+                "\n",
+                "vfmadd231ps zmm7, zmm16, zmm17\n"
+            )
+        };
+    }
+
     #[test]
     #[ignore = "a developer's probe: prints timings"]
     fn pipe_probe() {
@@ -82,31 +112,23 @@ mod tests {
         }
         let base = probe!("8 FMA", 0.0, fma8!());
         // Beside 8 FMAs: 4 of one other operation (each writes its own register).
-        probe!("8 FMA + 4 vpternlogd", base, concat!(
-            "vfmadd231ps zmm0, zmm16, zmm17\nvpternlogd zmm8, zmm18, zmm17, 0xEC\nvfmadd231ps zmm1, zmm16, zmm17\n",
-            "vfmadd231ps zmm2, zmm16, zmm17\nvpternlogd zmm9, zmm18, zmm17, 0xEC\nvfmadd231ps zmm3, zmm16, zmm17\n",
-            "vfmadd231ps zmm4, zmm16, zmm17\nvpternlogd zmm10, zmm18, zmm17, 0xEC\nvfmadd231ps zmm5, zmm16, zmm17\n",
-            "vfmadd231ps zmm6, zmm16, zmm17\nvpternlogd zmm11, zmm18, zmm17, 0xEC\nvfmadd231ps zmm7, zmm16, zmm17\n"));
-        probe!("8 FMA + 4 vpandd", base, concat!(
-            "vfmadd231ps zmm0, zmm16, zmm17\nvpandd zmm8, zmm18, zmm17\nvfmadd231ps zmm1, zmm16, zmm17\n",
-            "vfmadd231ps zmm2, zmm16, zmm17\nvpandd zmm9, zmm18, zmm17\nvfmadd231ps zmm3, zmm16, zmm17\n",
-            "vfmadd231ps zmm4, zmm16, zmm17\nvpandd zmm10, zmm18, zmm17\nvfmadd231ps zmm5, zmm16, zmm17\n",
-            "vfmadd231ps zmm6, zmm16, zmm17\nvpandd zmm11, zmm18, zmm17\nvfmadd231ps zmm7, zmm16, zmm17\n"));
-        probe!("8 FMA + 4 vpslld", base, concat!(
-            "vfmadd231ps zmm0, zmm16, zmm17\nvpslld zmm8, zmm18, 4\nvfmadd231ps zmm1, zmm16, zmm17\n",
-            "vfmadd231ps zmm2, zmm16, zmm17\nvpslld zmm9, zmm18, 4\nvfmadd231ps zmm3, zmm16, zmm17\n",
-            "vfmadd231ps zmm4, zmm16, zmm17\nvpslld zmm10, zmm18, 4\nvfmadd231ps zmm5, zmm16, zmm17\n",
-            "vfmadd231ps zmm6, zmm16, zmm17\nvpslld zmm11, zmm18, 4\nvfmadd231ps zmm7, zmm16, zmm17\n"));
-        probe!("8 FMA + 4 vpermps", base, concat!(
-            "vfmadd231ps zmm0, zmm16, zmm17\nvpermps zmm8, zmm18, zmm17\nvfmadd231ps zmm1, zmm16, zmm17\n",
-            "vfmadd231ps zmm2, zmm16, zmm17\nvpermps zmm9, zmm18, zmm17\nvfmadd231ps zmm3, zmm16, zmm17\n",
-            "vfmadd231ps zmm4, zmm16, zmm17\nvpermps zmm10, zmm18, zmm17\nvfmadd231ps zmm5, zmm16, zmm17\n",
-            "vfmadd231ps zmm6, zmm16, zmm17\nvpermps zmm11, zmm18, zmm17\nvfmadd231ps zmm7, zmm16, zmm17\n"));
-        probe!("8 FMA + 4 vbroadcastss zmm, m32", base, concat!(
-            "vfmadd231ps zmm0, zmm16, zmm17\nvbroadcastss zmm8, [{q}]\nvfmadd231ps zmm1, zmm16, zmm17\n",
-            "vfmadd231ps zmm2, zmm16, zmm17\nvbroadcastss zmm9, [{q}]\nvfmadd231ps zmm3, zmm16, zmm17\n",
-            "vfmadd231ps zmm4, zmm16, zmm17\nvbroadcastss zmm10, [{q}]\nvfmadd231ps zmm5, zmm16, zmm17\n",
-            "vfmadd231ps zmm6, zmm16, zmm17\nvbroadcastss zmm11, [{q}]\nvfmadd231ps zmm7, zmm16, zmm17\n"));
+        probe!(
+            "8 FMA + 4 vpternlogd",
+            base,
+            beside!("vpternlogd", "zmm18, zmm17, 0xEC")
+        );
+        probe!("8 FMA + 4 vpandd", base, beside!("vpandd", "zmm18, zmm17"));
+        probe!("8 FMA + 4 vpslld", base, beside!("vpslld", "zmm18, 4"));
+        probe!(
+            "8 FMA + 4 vpermps",
+            base,
+            beside!("vpermps", "zmm18, zmm17")
+        );
+        probe!(
+            "8 FMA + 4 vbroadcastss zmm, m32",
+            base,
+            beside!("vbroadcastss", "[{q}]")
+        );
         probe!("8 FMA + 2 vinserti64x4 zmm, m256", base, concat!(
             "vfmadd231ps zmm0, zmm16, zmm17\nvinserti64x4 zmm8, zmm18, [{q} + 64], 1\nvfmadd231ps zmm1, zmm16, zmm17\n",
             "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm3, zmm16, zmm17\n",

@@ -39,10 +39,12 @@ pub(super) fn predict_stream_us(
     // A tile reading one stored row at a time gives the prefetchers one stream: a sweep on
     // an Intel Xeon measured about 0.7 times the bandwidth of tiles reading two or more.
     let streams = if nr == 1 { 0.7 } else { 1.0 };
-    // Short tiles measured slower only on weights past L3 (from L3 the 1x4 ran level with
-    // the 1x8 or up to 4% ahead: 1 × 576 × 576 and 1 × 576 × 1536 f32, same runs).
-    let past_l3 = n as f64 * kf * bpw > p.l3_bytes as f64;
-    let share = if past_l3 {
+    // Short tiles read slower from DRAM. The model reads a unit's weights from DRAM once
+    // they pass half its L2, as a model step does (its weights pass L3 between one use and
+    // the next); until the twentieth round this share applied only past L3, because from
+    // L3 the 1x4 had run level with the 1x8 or up to 4% ahead, so at 1 × 576 × 576 and
+    // 1 × 576 × 1536 f32 the 1x4 ran 0.84-0.86 of the 1x8 from DRAM.
+    let share = if first_read_from_dram(p, weight_bytes) {
         short_tile_share(dtype, mr, nr, kf)
     } else {
         1.0
@@ -78,21 +80,23 @@ pub(super) fn predict_stream_us(
     (compute_ns.max(mem_ns) + extra_ns) / 1000.0 + p.dispatch_us
 }
 
-/// Stored rows one single-row stream tile reads at once, below which a GEMV from DRAM runs
-/// short of the bandwidth (see [`short_tile_share`]).
-const SHORT_TILE_BYTES: f64 = 16384.0;
+/// A stored row shorter than this many bytes is short (see [`short_tile_share`]).
+const SHORT_ROW_BYTES: f64 = 16384.0;
 
 /// The share of the DRAM bandwidth a one-activation-row stream tile of `nr` stored rows of
-/// `k` elements reaches: its rows are `nr` interleaved streams, and rows that together span
-/// less than [`SHORT_TILE_BYTES`] keep fewer misses in flight than the memory system takes
-/// (Zen 4, 2 units, 1 × 576 × 49,152 f32 from DRAM: the 1x8 tile, 18 KiB a tile, 1.15x the
-/// 1x4 in three interleaved runs; level at K = 4096, where a 1x4 tile spans 64 KiB). Tiles
-/// over records (16 rows each) and tiles of several activation rows, whose weight bytes are
-/// spread over more FMAs, are left at 1.
+/// `k` elements reaches: its rows are `nr` interleaved streams, and over short rows
+/// ([`SHORT_ROW_BYTES`]) fewer than 8 of them keep fewer misses in flight than the memory
+/// system takes. Zen 4, 2 units, f32 from DRAM (cold copies), the 1x4 tile against the
+/// 1x8: 0.78-0.80 at K = 576 (576 × 576, 576 × 1536; 0.87 at 576 × 49,152), 0.85 at
+/// K = 1536, level at K = 4096, and 1.1x at K = 11,008 (which the model leaves level);
+/// the 1x8 read at the full rate. Tiles over records (16 rows each) and tiles of several
+/// activation rows, whose weight bytes are spread over more FMAs, are left at 1.
 fn short_tile_share(dtype: DType, mr: usize, nr: usize, kf: f64) -> f64 {
     if mr > 1 || crate::exact::stream_on_records(dtype) {
         return 1.0;
     }
-    let tile_bytes = nr as f64 * kf * bytes_per_weight(dtype);
-    0.7 + 0.3 * (tile_bytes / SHORT_TILE_BYTES).min(1.0)
+    if kf * bytes_per_weight(dtype) >= SHORT_ROW_BYTES {
+        return 1.0;
+    }
+    0.6 + 0.4 * (nr as f64 / 8.0).min(1.0)
 }

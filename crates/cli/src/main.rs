@@ -199,6 +199,10 @@ enum Command {
         /// f32:4096x11008,q4_1:576x49152; `tessera bench gemm` sweeps such shapes).
         #[arg(long, value_delimiter = ',')]
         weights: Vec<String>,
+        /// Time every M on one weight warm in the caches. By default M up to 8 is timed
+        /// with its weight read from DRAM, as a model step reads it.
+        #[arg(long)]
+        warm: bool,
     },
 }
 
@@ -395,6 +399,7 @@ fn run(cli: Cli) -> Result<()> {
             m,
             top,
             weights,
+            warm,
         } => {
             let shapes = if weights.is_empty() {
                 let path = store::resolve_model(model.as_deref())?;
@@ -434,6 +439,11 @@ fn run(cli: Cli) -> Result<()> {
                     precision,
                     m_list: m_list.clone(),
                     top,
+                    cold_max_m: if warm {
+                        0
+                    } else {
+                        tessera_engine::cold_weights::STEP_COLD_MAX_M
+                    },
                 };
                 tessera_engine::tune::tune(
                     &pool,

@@ -6,8 +6,9 @@
 //! the per-step choice of sub-batching under tensor parallelism ([`overlap_plan`]), the
 //! scheduler's step-cost predictor calibrated from the model ([`step_cost`]) and refitted to
 //! measured steps ([`step_fit`]), and tuning
-//! ([`tune`]).
+//! ([`tune`], timing small M on weights from DRAM as a step reads them: [`cold_weights`]).
 
+pub mod cold_weights;
 pub mod engine;
 pub mod generate;
 mod live;

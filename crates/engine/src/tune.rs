@@ -5,7 +5,11 @@
 //! the ladder, the top candidates by predicted time are timed on synthetic data of that
 //! shape (in interleaved rounds, each a median of a few runs after a warm-up); the lowest
 //! median over the rounds, confirmed against the model's own first choice in rounds of its
-//! own, becomes the bucket's entry.
+//! own, becomes the bucket's entry. Up to [`crate::cold_weights::STEP_COLD_MAX_M`] rows (unless told otherwise)
+//! the weight is read from DRAM as a model step reads it ([`crate::cold_weights`]): each
+//! timing is one pass over copies of it that pass the last-level cache. Until the twentieth
+//! round every M was timed on one warm weight, which picked the 4-row f32 stream tile at
+//! 1 × 576 × 576 (level warm) where a step runs the 8-row one 1.2x faster.
 //!
 //! The candidates are ranked by the planner that plans without tuning (the CPU's class
 //! profile), so the untuned plan is always among them and timing only ever replaces it with
@@ -27,6 +31,8 @@ use tessera_kernels::gemm::{execute, GemmWeight};
 use tessera_kernels::plan::{Plan, Precision};
 use tessera_kernels::planner::{Planner, ShapeKey, TunedPlan, TuningCache};
 use tessera_runtime::ThreadPool;
+
+use crate::cold_weights::{cold_copies, product_pass};
 
 /// The M ladder `tune` covers.
 pub const M_LADDER: [usize; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024];
@@ -82,6 +88,11 @@ pub fn parse_weight_shape(s: &str) -> Result<(DType, usize, usize), String> {
 
 /// A weight of the given shape with deterministic pseudo-random values.
 pub fn synthetic_weight(dtype: DType, k: usize, n: usize, repack: bool) -> GemmWeight {
+    weight_of(dtype, k, n, &synthetic_bytes(dtype, k, n), repack)
+}
+
+/// The stored bytes of [`synthetic_weight`].
+fn synthetic_bytes(dtype: DType, k: usize, n: usize) -> Vec<u8> {
     let mut state = 0x9e3779b97f4a7c15u64 ^ (k * 31 + n) as u64;
     let mut next = move || {
         state ^= state << 13;
@@ -94,9 +105,36 @@ pub fn synthetic_weight(dtype: DType, k: usize, n: usize, repack: bool) -> GemmW
         let row: Vec<f32> = (0..k).map(|_| next()).collect();
         bytes.extend(quantize_row(dtype, &row));
     }
-    let t = WeightTensor::new("synthetic", dtype, vec![n, k], TensorBytes::owned(&bytes))
+    bytes
+}
+
+/// An `n × k` weight of `dtype` over its own copy of `bytes`, repacked as the model would.
+fn weight_of(dtype: DType, k: usize, n: usize, bytes: &[u8], repack: bool) -> GemmWeight {
+    let t = WeightTensor::new("synthetic", dtype, vec![n, k], TensorBytes::owned(bytes))
         .expect("consistent shape");
     GemmWeight::new(t, repack)
+}
+
+/// Where a candidate reads its weight from while it is timed.
+#[derive(Clone, Copy)]
+enum Weights<'a> {
+    /// One weight, in the caches after its first run.
+    Warm(&'a GemmWeight),
+    /// Copies that together pass the last-level cache, run in turn: from DRAM.
+    Cold(&'a [GemmWeight]),
+}
+
+impl Weights<'_> {
+    /// Seconds of one product of `plan`: a median of runs on the warm weight, or one pass
+    /// over the cold copies divided by their count.
+    fn time(self, pool: &ThreadPool, plan: &Plan, x: &[f32], m: usize, out: &mut [f32]) -> f64 {
+        match self {
+            Weights::Warm(w) => time_runs(pool, plan, x, m, w, out, 0.004),
+            Weights::Cold(copies) => {
+                product_pass(pool, plan, x, m, copies, out) / copies.len() as f64
+            }
+        }
+    }
 }
 
 /// Median seconds of `plan` over a few runs after one warm-up (at least ~20 ms of runs).
@@ -139,19 +177,25 @@ fn time_runs(
 /// twelfth round's tuned sweep).
 const ROUNDS: usize = 5;
 
-/// Medians of each plan over [`ROUNDS`] interleaved rounds.
+/// Medians of each plan over [`ROUNDS`] interleaved rounds (after one untimed pass of each
+/// over cold copies, which warms the code and evicts the previous plan's weights).
 fn medians(
     pool: &ThreadPool,
     plans: &[Plan],
     x: &[f32],
     m: usize,
-    w: &GemmWeight,
+    w: Weights,
     out: &mut [f32],
 ) -> Vec<f64> {
+    if matches!(w, Weights::Cold(_)) {
+        for plan in plans {
+            w.time(pool, plan, x, m, out);
+        }
+    }
     let mut times = vec![Vec::with_capacity(ROUNDS); plans.len()];
     for _ in 0..ROUNDS {
         for (plan, t) in plans.iter().zip(times.iter_mut()) {
-            t.push(time_runs(pool, plan, x, m, w, out, 0.004));
+            t.push(w.time(pool, plan, x, m, out));
         }
     }
     times
@@ -173,7 +217,7 @@ fn fastest(
     plans: Vec<Plan>,
     x: &[f32],
     m: usize,
-    w: &GemmWeight,
+    w: Weights,
     out: &mut [f32],
 ) -> (f64, Plan) {
     let t = medians(pool, &plans, x, m, w, out);
@@ -197,6 +241,10 @@ pub struct TuneOptions {
     pub m_list: Vec<usize>,
     /// Candidates timed per shape.
     pub top: usize,
+    /// The largest M timed with its weight from DRAM (cold copies, as a model step reads
+    /// it); larger M on one warm weight. [`crate::cold_weights::STEP_COLD_MAX_M`] by default; 0 times every M
+    /// warm.
+    pub cold_max_m: usize,
 }
 
 /// Tunes `shapes` on `pool`, adding entries to `cache`. `progress(done, total, label)`.
@@ -211,7 +259,16 @@ pub fn tune(
     let total = shapes.len() * opts.m_list.len();
     let mut done = 0;
     for &(dtype, k, n) in shapes {
-        let w = synthetic_weight(dtype, k, n, tessera_kernels::wants_repack(opts.precision));
+        let repack = tessera_kernels::wants_repack(opts.precision);
+        let bytes = synthetic_bytes(dtype, k, n);
+        let w = weight_of(dtype, k, n, &bytes, repack);
+        let copies = if opts.m_list.iter().any(|&m| m <= opts.cold_max_m) {
+            progress(done, total, &format!("{dtype} k={k} n={n}: cold copies"));
+            let make = || Ok::<_, std::convert::Infallible>(weight_of(dtype, k, n, &bytes, repack));
+            cold_copies(bytes.len(), make).unwrap_or_else(|never| match never {})
+        } else {
+            vec![]
+        };
         for &m in &opts.m_list {
             let key = ShapeKey::new(m, k, n, dtype, opts.precision, pool.units());
             progress(done, total, &format!("{dtype} m={m} k={k} n={n}"));
@@ -224,7 +281,12 @@ pub fn tune(
                 .into_iter()
                 .take(opts.top.max(1))
                 .collect();
-            let (secs, plan) = fastest(pool, plans, &x, m, &w, &mut out);
+            let weights = if m <= opts.cold_max_m {
+                Weights::Cold(&copies)
+            } else {
+                Weights::Warm(&w)
+            };
+            let (secs, plan) = fastest(pool, plans, &x, m, weights, &mut out);
             cache.plans.insert(
                 key.bucket().to_text(&planner.profile.cpu),
                 TunedPlan::of(&plan, secs * 1e6),
@@ -246,6 +308,7 @@ mod tests {
             precision: Precision::Exact,
             m_list: vec![1, 5, 13],
             top: 3,
+            cold_max_m: 5,
         };
         let mut cache = TuningCache::default();
         let shapes = [(DType::Q4_1, 64, 48), (DType::F32, 40, 24)];

@@ -2,15 +2,16 @@
 //! that the previous run warmed, and the bound it is held to, measured beside it.
 //!
 //! The weight is copied until the copies together exceed the last-level cache twice, and a
-//! pass runs the product once over each copy in turn. The bound is a plain read of the same
+//! pass runs the product once over each copy in turn ([`tessera_engine::cold_weights`], as
+//! `tessera tune` times small M). The bound is a plain read of the same
 //! bytes the kernel streams (the repacked records where the model repacks them), split over
 //! the same compute units. Passes of the product and of the read alternate, so a slow spell
 //! of the host's memory falls on both. A single DRAM figure taken at the start of a sweep
 //! that lasts minutes would let the host's drift decide the fraction instead.
 
-use anyhow::Result;
-use tessera_kernels::calibrate;
-use tessera_kernels::gemm::{execute, GemmWeight};
+use tessera_engine::cold_weights::product_pass;
+pub(super) use tessera_engine::cold_weights::cold_copies;
+use tessera_kernels::gemm::GemmWeight;
 use tessera_kernels::plan::Plan;
 use tessera_runtime::{split_range, ThreadPool};
 
@@ -19,29 +20,12 @@ use crate::stats::{gflops, median};
 /// The largest M measured cold (where the weights' streaming bounds the product).
 pub const COLD_MAX_M: usize = 4;
 
-/// The largest M whose oracle is also judged cold ([`planned_over_oracle`]): a model's step
-/// reads its weights from DRAM, and at small M a tile that packs the weights first can win
-/// on the sweep's warm caches and lose on cold weights (sixteenth round, M = 4-8).
-pub const COLD_ORACLE_MAX_M: usize = 8;
+/// The largest M whose oracle is also judged cold ([`planned_over_oracle`]): as a model's
+/// step reads its weights (see [`tessera_engine::cold_weights`]).
+pub const COLD_ORACLE_MAX_M: usize = tessera_engine::cold_weights::STEP_COLD_MAX_M;
 
 /// Alternating passes of the product and of the read (medians of each).
 const PASSES: usize = 5;
-
-/// Bytes the cold copies of a weight fill together: twice the last-level cache, at least
-/// 256 MiB and at most 3 GiB.
-fn cold_bytes() -> usize {
-    (2 * calibrate::last_level_cache_bytes()).clamp(256 << 20, 3 << 30)
-}
-
-/// Copies of a weight that together exceed [`cold_bytes`] (at most 16,384 of them), each
-/// built by `make` as the model loads it.
-pub(super) fn cold_copies(
-    stored_bytes: usize,
-    make: impl Fn() -> Result<GemmWeight>,
-) -> Result<Vec<GemmWeight>> {
-    let count = cold_bytes().div_ceil(stored_bytes.max(1)).clamp(2, 16_384);
-    (0..count).map(|_| make()).collect()
-}
 
 /// One cold measurement.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,22 +107,6 @@ pub(super) fn planned_over_oracle(
     median(&to) / median(&tp)
 }
 
-/// Seconds of one pass of `plan` over every copy in turn.
-fn product_pass(
-    pool: &ThreadPool,
-    plan: &Plan,
-    x: &[f32],
-    m: usize,
-    copies: &[GemmWeight],
-    out: &mut [f32],
-) -> f64 {
-    let t = std::time::Instant::now();
-    for w in copies {
-        execute(pool, plan, x, m, w, None, out);
-    }
-    t.elapsed().as_secs_f64()
-}
-
 /// The bytes a product streams from `w`: its repacked records where it has them (the
 /// stored rows' pages are then released), else its stored tensors.
 fn streamed(w: &GemmWeight) -> Vec<&[u8]> {
@@ -204,27 +172,6 @@ fn sum_words(b: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use tessera_core::DType;
-
-    #[test]
-    fn copies_exceed_the_cold_bytes() {
-        let made = std::cell::Cell::new(0);
-        let make = || -> Result<GemmWeight> {
-            made.set(made.get() + 1);
-            let t = tessera_core::WeightTensor::new(
-                "w",
-                DType::F32,
-                vec![1, 4],
-                tessera_core::TensorBytes::owned(&[0u8; 16]),
-            )?;
-            Ok(GemmWeight::new(t, false))
-        };
-        let stored = cold_bytes() / 4 + 1;
-        let copies = cold_copies(stored, make).unwrap();
-        assert_eq!((copies.len(), made.get()), (4, 4));
-        assert!(copies.len() * stored >= cold_bytes() && 3 * stored < cold_bytes());
-        // At least two copies, however large one is.
-        assert_eq!(cold_copies(usize::MAX, make).unwrap().len(), 2);
-    }
 
     #[test]
     fn both_reads_sum_every_whole_word_once() {

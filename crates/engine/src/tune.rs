@@ -5,11 +5,12 @@
 //! the ladder, the top candidates by predicted time are timed on synthetic data of that
 //! shape (in interleaved rounds, each a median of a few runs after a warm-up); the lowest
 //! median over the rounds, confirmed against the model's own first choice in rounds of its
-//! own, becomes the bucket's entry. Up to [`crate::cold_weights::STEP_COLD_MAX_M`] rows (unless told otherwise)
-//! the weight is read from DRAM as a model step reads it ([`crate::cold_weights`]): each
-//! timing is one pass over copies of it that pass the last-level cache. Until the twentieth
-//! round every M was timed on one warm weight, which picked the 4-row f32 stream tile at
-//! 1 × 576 × 576 (level warm) where a step runs the 8-row one 1.2x faster.
+//! own, becomes the bucket's entry. Up to [`crate::cold_weights::STEP_COLD_MAX_M`] rows
+//! (unless told otherwise) the weight is read from DRAM as a model step reads it
+//! ([`crate::cold_weights`]): each timing is one pass over copies of it that together pass
+//! the last-level cache. Until the twentieth round every M was timed on one warm weight,
+//! which picked the 4-row f32 stream tile at 1 × 576 × 192 (1.04x warm) where a step runs
+//! the 8-row one 1.1-1.3x faster.
 //!
 //! The candidates are ranked by the planner that plans without tuning (the CPU's class
 //! profile), so the untuned plan is always among them and timing only ever replaces it with
@@ -251,8 +252,8 @@ pub struct TuneOptions {
     /// Candidates timed per shape.
     pub top: usize,
     /// The largest M timed with its weight from DRAM (cold copies, as a model step reads
-    /// it); larger M on one warm weight. [`crate::cold_weights::STEP_COLD_MAX_M`] by default; 0 times every M
-    /// warm.
+    /// it); larger M on one warm weight. The CLI passes
+    /// [`crate::cold_weights::STEP_COLD_MAX_M`], or 0 (every M warm) under `--warm`.
     pub cold_max_m: usize,
 }
 

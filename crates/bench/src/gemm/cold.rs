@@ -9,8 +9,8 @@
 //! of the host's memory falls on both. A single DRAM figure taken at the start of a sweep
 //! that lasts minutes would let the host's drift decide the fraction instead.
 
-use tessera_engine::cold_weights::product_pass;
 pub(super) use tessera_engine::cold_weights::cold_copies;
+use tessera_engine::cold_weights::product_pass;
 use tessera_kernels::gemm::GemmWeight;
 use tessera_kernels::plan::Plan;
 use tessera_runtime::{split_range, ThreadPool};
@@ -171,7 +171,6 @@ fn sum_words(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_core::DType;
 
     #[test]
     fn both_reads_sum_every_whole_word_once() {

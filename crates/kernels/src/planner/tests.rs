@@ -90,7 +90,10 @@ fn one_row_gemv_over_short_rows_from_dram_prefers_eight_row_tiles() {
         assert!(eight < four * 0.9, "{k}x{n}: 1x8 {eight} us, 1x4 {four} us");
     }
     let (four, eight) = (stream(1536, 576, 4), stream(1536, 576, 8));
-    assert!(eight < four * 0.97, "1536x576: 1x8 {eight} us, 1x4 {four} us");
+    assert!(
+        eight < four * 0.97,
+        "1536x576: 1x8 {eight} us, 1x4 {four} us"
+    );
     let (four, eight) = (stream(4096, 4096, 4), stream(4096, 4096, 8));
     assert!(
         (eight / four - 1.0).abs() < 0.02,

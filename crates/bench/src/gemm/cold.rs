@@ -3,9 +3,9 @@
 //!
 //! The weight is copied until the copies together exceed the last-level cache twice, and a
 //! pass runs the product once over each copy in turn ([`tessera_engine::cold_weights`], as
-//! `tessera tune` times small M). The bound is a plain read of the same
-//! bytes the kernel streams (the repacked records where the model repacks them), split over
-//! the same compute units. Passes of the product and of the read alternate, so a slow spell
+//! `tessera tune` times small M). The bound is a plain read of the same bytes the kernel
+//! streams (the repacked records where the model repacks them), split over the same
+//! compute units. Passes of the product and of the read alternate, so a slow spell
 //! of the host's memory falls on both. A single DRAM figure taken at the start of a sweep
 //! that lasts minutes would let the host's drift decide the fraction instead.
 

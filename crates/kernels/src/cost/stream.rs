@@ -42,8 +42,9 @@ pub(super) fn predict_stream_us(
     // Short tiles read slower from DRAM. The model reads a unit's weights from DRAM once
     // they pass half its L2, as a model step does (its weights pass L3 between one use and
     // the next); until the twentieth round this share applied only past L3, because from
-    // L3 the 1x4 had run level with the 1x8 or up to 4% ahead, so at 1 × 576 × 576 and
-    // 1 × 576 × 1536 f32 the 1x4 ran 0.84-0.86 of the 1x8 from DRAM.
+    // L3 the 1x4 had run level with the 1x8 or up to 4% ahead, and the planner kept the
+    // 1x4 at 1 × 576 × 576 and 1 × 576 × 1536 f32, where it ran 0.78-0.80 of the 1x8 from
+    // DRAM.
     let share = if first_read_from_dram(p, weight_bytes) {
         short_tile_share(dtype, mr, nr, kf)
     } else {

@@ -40,13 +40,15 @@ pub struct PackedWeight {
 /// Whether a row's block scales allow the AVX-512 stream kernel's fast decode
 /// (`x86::avx512_exact`). Q4_0 and Q8_0 (magic exponent): `d > 0` and finite (and for Q4_0
 /// `264d` finite), so that `(2^e + q) · d + C` rounded once is the reference's value. Q4_1
-/// (low field): `d · 2^129` finite or `d` not finite, that is not `|d| ≥ 1/2` finite:
-/// `(q · 2^-129) · (d · 2^129) + m` rounded once is the reference's `q · d + m` for every
-/// `m`. Otherwise the kernel's general path, bitwise the same, runs.
+/// (low field): `d` finite, non-zero and `|d| < 1/2`, so that the kernel's `D = d · 2^129`,
+/// made by adding 129 to the exponent field of `d`'s bits, is that product and finite:
+/// `(q · 2^-129) · D + m` rounded once is the reference's `q · d + m` for every `m`.
+/// Otherwise the kernel's general path, bitwise the same, runs (a zero `d`, a block of 32
+/// equal weights, is rare in a trained model).
 pub fn magic_ok(dtype: DType, d: f32) -> bool {
     let d_ok = d > 0.0 && d.is_finite();
     match dtype {
-        DType::Q4_1 => !(d.is_finite() && d.abs() >= 0.5),
+        DType::Q4_1 => d.is_finite() && d != 0.0 && d.abs() < 0.5,
         DType::Q4_0 => d_ok && (264.0 * d).is_finite(),
         _ => d_ok,
     }
@@ -211,20 +213,22 @@ mod tests {
         for d in [0.0, -0.5, f32::INFINITY, f32::NAN] {
             assert!(!magic_ok(DType::Q8_0, d) && !magic_ok(DType::Q4_0, d));
         }
-        // Q4_1: every scale whose `d · 2^129` is finite, and the non-finite ones.
-        for d in [
-            0.0,
-            -0.0,
-            -0.1,
-            0.4997559,
-            -0.4997559,
-            6e-8,
-            f32::INFINITY,
-            f32::NAN,
-        ] {
+        // Q4_1: every finite non-zero scale below 1/2 in magnitude (f16's smallest
+        // subnormal, 2^-24, included: a normal f32 once converted).
+        for d in [-0.1, 0.4997559, -0.4997559, 6e-8, -6e-8] {
             assert!(magic_ok(DType::Q4_1, d), "d {d}");
         }
-        for d in [0.5, -0.5, 1.0, 65504.0] {
+        for d in [
+            0.5,
+            -0.5,
+            1.0,
+            65504.0,
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ] {
             assert!(!magic_ok(DType::Q4_1, d), "d {d}");
         }
     }

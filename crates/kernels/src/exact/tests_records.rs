@@ -97,8 +97,9 @@ fn test_rows(dtype: DType, n: usize, k: usize, seed: u64, awkward: bool) -> Vec<
 /// class shared by all rows, so both dequantization paths run with every kind of value:
 /// positive finite scales of every size (the fast decode below a bound: Q4_1's low field
 /// below 1/2, the magic exponent for all of them for Q4_0 and Q8_0), or per-row values
-/// that include zero, negative, infinite and NaN scales (the general path for Q4_0 and
-/// Q8_0; Q4_1's low field takes them all), with Q4_1 minimums of every size and sign.
+/// that include zero, negative, infinite and NaN scales (the general path for zero and
+/// non-finite ones, and for negative ones in Q4_0 and Q8_0; Q4_1's low field takes the
+/// negative ones), with Q4_1 minimums of every size and sign.
 fn awkward_rows(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<Vec<u8>> {
     const POSITIVE: [u16; 8] = [
         0x2e66, // 0.1
@@ -279,6 +280,54 @@ fn stream_on_records_dequantizes_every_weight_like_the_reference() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Q4_1 records where a zero or non-finite scale sits among scales the fast decode takes
+/// (`packed::magic_ok`): the record must take the general path, as the fast decode's
+/// exponent add would turn `d = ±0` into `±4` and `±inf` into a finite `D`. Every weight,
+/// one-hot as above, against the panel on the stored rows; `m = 0` in the odd rows, so a
+/// zero scale read as 4 shows.
+#[test]
+fn q4_1_zero_and_non_finite_scales_beside_fast_ones_keep_the_reference_bits() {
+    let (n, k) = (16, 96);
+    let odd: [u16; 4] = [0x0000, 0x8000, 0x7c00, 0xfc00]; // +0, -0, +inf, -inf
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let rows: Vec<Vec<u8>> = (0..n)
+        .map(|r| {
+            let mut row = vec![0u8; (k / 32) * 20];
+            rng.fill(&mut row[..]);
+            for (b, blk) in row.chunks_exact_mut(20).enumerate() {
+                // Block b: row 3b + 1 (group 0) and row 3b + 9 (group 1) get an odd scale.
+                let (d, m) = if r == 3 * b + 1 || r == 3 * b + 9 {
+                    (odd[(r + b) % 4], 0u16)
+                } else {
+                    (0x2e66, 0xb266) // 0.1, -0.2
+                };
+                blk[0..2].copy_from_slice(&d.to_le_bytes());
+                blk[2..4].copy_from_slice(&m.to_le_bytes());
+            }
+            row
+        })
+        .collect();
+    let (stored, repacked) = pair(DType::Q4_1, rows, k, 2);
+    let mut x = vec![0f32; k * k];
+    for t in 0..k {
+        x[t * k + t] = 1.0;
+    }
+    let pool = ThreadPool::new(2);
+    let want = reference(&pool, &x, k, &stored, None);
+    for mr in [1, 2, 4] {
+        let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
+        let got = run(&p, &pool, &x, k, &repacked, None);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "mr={mr}: weight {} of row {}: {g} vs {w}",
+                i / n,
+                i % n
+            );
         }
     }
 }

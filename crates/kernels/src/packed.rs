@@ -38,8 +38,10 @@ pub struct PackedWeight {
 }
 
 /// Whether a row's block scales allow the AVX-512 stream kernel's fast decode
-/// (`x86::avx512_exact`). Q4_0 and Q8_0 (magic exponent): `d > 0` and finite (and for Q4_0
-/// `264d` finite), so that `(2^e + q) · d + C` rounded once is the reference's value. Q4_1
+/// (`x86::avx512_exact`). Q4_0 (magic exponent): `d > 0` and finite and `264d` finite, so
+/// that `(2^e + q) · d + C` rounded once is the reference's value. Q8_0 (low field):
+/// `0 < d < 2^-5`, so that `D = d · 2^133` is finite and `q = 0` gives `+0` (ggml's Q8_0
+/// scale is `max |w| / 127`: `2^-5` is a block maximum near 4). Q4_1
 /// (low field): `d` finite, non-zero and `|d| < 1/2`, so that the kernel's `D = d · 2^129`,
 /// made by adding 129 to the exponent field of `d`'s bits, is that product and finite:
 /// `(q · 2^-129) · D + m` rounded once is the reference's `q · d + m` for every `m`.
@@ -50,7 +52,7 @@ pub fn magic_ok(dtype: DType, d: f32) -> bool {
     match dtype {
         DType::Q4_1 => d.is_finite() && d != 0.0 && d.abs() < 0.5,
         DType::Q4_0 => d_ok && (264.0 * d).is_finite(),
-        _ => d_ok,
+        _ => d_ok && d < 2f32.powi(-5),
     }
 }
 
@@ -209,9 +211,16 @@ mod tests {
 
     #[test]
     fn magic_ok_is_the_fast_paths_precondition() {
-        assert!(magic_ok(DType::Q8_0, 0.5) && magic_ok(DType::Q4_0, 1e-7));
+        assert!(magic_ok(DType::Q4_0, 0.5) && magic_ok(DType::Q4_0, 1e-7));
         for d in [0.0, -0.5, f32::INFINITY, f32::NAN] {
             assert!(!magic_ok(DType::Q8_0, d) && !magic_ok(DType::Q4_0, d));
+        }
+        // Q8_0: positive scales below 2^-5 (the largest f16 under it, f16's smallest).
+        for d in [0.031234741, 6e-8, 0.0078] {
+            assert!(magic_ok(DType::Q8_0, d), "d {d}");
+        }
+        for d in [0.03125, 0.5, 65504.0, -0.0078] {
+            assert!(!magic_ok(DType::Q8_0, d), "d {d}");
         }
         // Q4_1: every finite non-zero scale below 1/2 in magnitude (f16's smallest
         // subnormal, 2^-24, included: a normal f32 once converted).

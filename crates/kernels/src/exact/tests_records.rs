@@ -284,50 +284,74 @@ fn stream_on_records_dequantizes_every_weight_like_the_reference() {
     }
 }
 
-/// Q4_1 records where a zero or non-finite scale sits among scales the fast decode takes
-/// (`packed::magic_ok`): the record must take the general path, as the fast decode's
-/// exponent add would turn `d = ±0` into `±4` and `±inf` into a finite `D`. Every weight,
-/// one-hot as above, against the panel on the stored rows; `m = 0` in the odd rows, so a
-/// zero scale read as 4 shows.
+/// Records whose scales sit at the edges of the AVX-512 fast decodes (`packed::magic_ok`):
+/// Q4_1's and Q8_0's low field (`D = d · 2^129` and `d · 2^133` by the exponent field).
+/// Block 0 holds the largest f16 scale each takes in every row (and must be flagged fast,
+/// so the test runs the fast decode at its edge); blocks 1..=5 hold, in one row of each
+/// group, the smallest scale each refuses, `+0`, `-0`, `+inf`, `-inf` (the exponent add
+/// would make `±0` a finite `D` and `±inf` a finite or wrong one): those records must take
+/// the general path. Block 6 holds a negative scale (fast for Q4_1 only). Every weight,
+/// one-hot, against the panel on the stored rows; Q4_1's `m = 0` in the odd rows, so a zero
+/// scale read as non-zero shows.
 #[test]
-fn q4_1_zero_and_non_finite_scales_beside_fast_ones_keep_the_reference_bits() {
-    let (n, k) = (16, 96);
-    let odd: [u16; 4] = [0x0000, 0x8000, 0x7c00, 0xfc00]; // +0, -0, +inf, -inf
-    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
-    let rows: Vec<Vec<u8>> = (0..n)
-        .map(|r| {
-            let mut row = vec![0u8; (k / 32) * 20];
-            rng.fill(&mut row[..]);
-            for (b, blk) in row.chunks_exact_mut(20).enumerate() {
-                // Block b: row 3b + 1 (group 0) and row 3b + 9 (group 1) get an odd scale.
-                let (d, m) = if r == 3 * b + 1 || r == 3 * b + 9 {
-                    (odd[(r + b) % 4], 0u16)
-                } else {
-                    (0x2e66, 0xb266) // 0.1, -0.2
-                };
-                blk[0..2].copy_from_slice(&d.to_le_bytes());
-                blk[2..4].copy_from_slice(&m.to_le_bytes());
+fn scales_at_the_fast_decodes_edges_keep_the_reference_bits() {
+    for (dtype, below, at) in [
+        (DType::Q4_1, 0x37ffu16, 0x3800u16), // the largest f16 below 1/2, and 1/2
+        (DType::Q8_0, 0x27ff, 0x2800),       // the largest f16 below 2^-5, and 2^-5
+    ] {
+        let (n, k) = (16, 32 * 7);
+        let odd = [at, 0x0000, 0x8000, 0x7c00, 0xfc00];
+        let bb = dtype.block_bytes();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        let rows: Vec<Vec<u8>> = (0..n)
+            .map(|r| {
+                let mut row = vec![0u8; (k / 32) * bb];
+                rng.fill(&mut row[..]);
+                for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
+                    let marked = r == b || r == 8 + (3 * b) % 8;
+                    let (d, m) = match b {
+                        1..=5 if marked => (odd[b - 1], 0u16),
+                        6 if marked => (0xa400, 0), // -2^-6
+                        _ => (below, 0xb266),       // m = -0.2
+                    };
+                    blk[0..2].copy_from_slice(&d.to_le_bytes());
+                    if dtype == DType::Q4_1 {
+                        blk[2..4].copy_from_slice(&m.to_le_bytes());
+                    }
+                }
+                row
+            })
+            .collect();
+        let pw = crate::packed::PackedWeight::pack_rows(dtype, n, k, &|r| &rows[r]).unwrap();
+        let fast = |g: usize, b: usize| {
+            let i = g * pw.blocks + b;
+            pw.fast[i / 8] >> (i % 8) & 1 == 1
+        };
+        for g in 0..2 {
+            assert!(fast(g, 0), "{dtype}: group {g}, block 0 not flagged fast");
+            for b in 1..=5 {
+                assert!(!fast(g, b), "{dtype}: group {g}, block {b} flagged fast");
             }
-            row
-        })
-        .collect();
-    let (stored, repacked) = pair(DType::Q4_1, rows, k, 2);
-    let mut x = vec![0f32; k * k];
-    for t in 0..k {
-        x[t * k + t] = 1.0;
-    }
-    let pool = ThreadPool::new(2);
-    let want = reference(&pool, &x, k, &stored, None);
-    for mr in [1, 2, 4] {
-        let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
-        let got = run(&p, &pool, &x, k, &repacked, None);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                "mr={mr}: weight {} of row {}: {g} vs {w}",
-                i / n,
-                i % n
-            );
+            assert_eq!(fast(g, 6), dtype == DType::Q4_1, "{dtype}: negative scale");
+        }
+        let (stored, repacked) = pair(dtype, rows, k, 2);
+        let mut x = vec![0f32; k * k];
+        for t in 0..k {
+            x[t * k + t] = 1.0;
+        }
+        let pool = ThreadPool::new(2);
+        let want = reference(&pool, &x, k, &stored, None);
+        for mr in [1, 2, 4] {
+            let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
+            let got = run(&p, &pool, &x, k, &repacked, None);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{dtype} mr={mr}: weight {} of row {}: {g} vs {w}",
+                    i / n,
+                    i % n
+                );
+            }
         }
     }
 }

@@ -13,10 +13,15 @@
 //!   rounds `q · d`, exact, then `+ m` once). Needs `d` finite, non-zero and `|d| < 1/2`
 //!   (`D` is then `d`'s bits with 129 added to the exponent field) and subnormal inputs
 //!   kept (MXCSR's DAZ clear, checked once per call).
-//! - Q4_0 and Q8_0 (magic exponent): a shift and a ternary-logic op build `F = 2^e + q`
-//!   directly (the quant bits under a fixed exponent, `Consts::float_in`), and `F · d + C`
-//!   with `C = −(2^e + 8)·d` (Q4_0) or, from `F = 2^15 + (q + 128)`, `C = −(2^15 + 128)·d`
-//!   (Q8_0), both exact, is the reference's product rounded once. For Q4_0 a byte's two
+//! - Q8_0 (low field, [`subnormal_q8_0`]): the quant flipped to `b = q + 128` (an XOR of
+//!   the sign bit), shifted to bits 16..24 and masked, is `F = b · 2^-133` by the same rule;
+//!   `F · D + C` with `D = d · 2^133` and `C = −128 · d` (both made by integer adds to `d`'s
+//!   exponent field, exact) is `q · d` exactly, the reference's product, rounded once (a
+//!   no-op: `q · d` is a float). Needs `0 < d < 2^-5`, finite (`D` finite; `d > 0` so that
+//!   `q = 0` gives the reference's `+0`), and subnormal inputs kept.
+//! - Q4_0 (magic exponent): a shift and a ternary-logic op build `F = 2^e + q` directly
+//!   (the quant bits under a fixed exponent, `Consts::float_in`), and `F · d + C` with
+//!   `C = −(2^e + 8)·d`, exact, is the reference's product rounded once. A byte's two
 //!   nibbles (at bits `8j` and `8j + 4` of a row's dword) are placed by one shift at bits 15
 //!   and 19, the mantissa fields of `F = 256 + q` (`e = 8`) and `F = 16 + q` (`e = 4`), each
 //!   with its own `C`: half a shift per weight vector instead of one (Emerald Rapids Xeon,
@@ -24,9 +29,10 @@
 //!   `d > 0` and finite (then an exact zero comes out `+0`, as the reference's `q·d` with
 //!   `q = 0` and `d > 0`).
 //!
-//! Q4_1 moved from the magic exponent to the low field in the nineteenth round: on Zen 4
-//! the ternary-logic op competes with the FMAs for their pipes where a shift and an AND do
-//! not (one unit, M = 1, SmolLM2 shapes: 42 → 47-49 GFLOP/s; M = 2 and 4 +8-10%).
+//! Q4_1 moved from the magic exponent to the low field in the nineteenth round, Q8_0 in the
+//! twenty-first: on Zen 4 the ternary-logic op competes with the FMAs for their pipes where
+//! a shift and an AND do not (one unit, M = 1, SmolLM2 shapes: Q4_1 42 → 47-49 GFLOP/s,
+//! M = 2 and 4 +8-10%; Q8_0 see [`subnormal_q8_0`]).
 //!
 //! Whether a record's rows meet these conditions is decided once, when the weight is
 //! repacked (`crate::packed::magic_ok`, a bit per record in `PackedWeight::fast`; a
@@ -117,11 +123,10 @@ unsafe fn quads16(r0: *const u8, r1: *const u8, v: usize) -> __m512i {
 
 /// Constants of the fast and general paths, built once per call.
 pub(super) struct Consts {
-    /// The float exponent (and leading mantissa bit) of the fast path's `F`: `2^4` (4-bit
-    /// high nibbles), `2^15` (Q8_0).
+    /// The float exponent (and leading mantissa bit) of Q4_0's magic `F` for high nibbles:
+    /// `2^4`.
     magic: __m512i,
-    /// Where the quant sits in `F`'s mantissa: bits 19..23 (4-bit high nibbles) or 8..16
-    /// (Q8_0).
+    /// Where the quant sits in that `F`'s mantissa: bits 19..23.
     field: __m512i,
     /// The 4-bit low nibbles' `F`: exponent `2^8`, the quant at bits 15..19, so that one
     /// shift places a byte's two nibbles in both fields (see [`block_q4`]).
@@ -130,7 +135,8 @@ pub(super) struct Consts {
     /// `spread(j, 0)` (4-bit) or `spread(j, 3)` (Q8_0): the general path's byte shuffles.
     slow: [__m512i; 4],
     /// Whether subnormal inputs keep their values in this thread (MXCSR's DAZ bit clear),
-    /// as Q4_1's fast decode needs ([`subnormal_q4_1`]: its `F` is subnormal for `q < 8`);
+    /// as the low-field decodes need ([`subnormal_q4_1`], [`subnormal_q8_0`]: their `F` is
+    /// subnormal for small quants);
     /// read once per call.
     subnormals: bool,
 }
@@ -139,14 +145,10 @@ impl Consts {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn new<const DT: u8>() -> Consts {
-        let (slow_pos, magic, field) = if DT == Q8_0 {
-            (3, 0x4700_0000, 0x0000_ff00)
-        } else {
-            (0, 0x4180_0000, 0x0078_0000)
-        };
+        let slow_pos = if DT == Q8_0 { 3 } else { 0 };
         Consts {
-            magic: _mm512_set1_epi32(magic),
-            field: _mm512_set1_epi32(field),
+            magic: _mm512_set1_epi32(0x4180_0000),
+            field: _mm512_set1_epi32(0x0078_0000),
             magic_lo: _mm512_set1_epi32(0x4380_0000),
             field_lo: _mm512_set1_epi32(0x0007_8000),
             slow: std::array::from_fn(|j| spread_reg(j, slow_pos)),
@@ -209,17 +211,27 @@ pub(super) trait Sink {
     unsafe fn put(&mut self, e: usize, l: usize, w: __m512);
 }
 
-/// The magic-exponent path's `C` for a block's 16 rows with `F = 2^e + q` (`e` 4 or 8 for
-/// Q4_0, 15 for Q8_0): `−(2^e + 8)·d` and `−(2^15 + 128)·d`, exact for a record flagged
-/// fast (`crate::packed::magic_ok`).
+/// The magic-exponent path's `C` for a block's 16 rows with `F = 2^e + q` (`e` 4 or 8,
+/// Q4_0): `−(2^e + 8)·d`, exact for a record flagged fast (`crate::packed::magic_ok`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
 unsafe fn magic_c<const DT: u8>(d: __m512, e: i32) -> __m512 {
-    debug_assert!(DT != Q4_1, "Q4_1 decodes by the low field (subnormal_q4_1)");
-    match DT {
-        Q4_0 => _mm512_mul_ps(_mm512_set1_ps(-(2f32.powi(e) + 8.0)), d),
-        _ => _mm512_mul_ps(_mm512_set1_ps(-32896.0), d),
-    }
+    debug_assert!(DT == Q4_0, "Q4_1 and Q8_0 decode by the low field");
+    _mm512_mul_ps(_mm512_set1_ps(-(2f32.powi(e) + 8.0)), d)
+}
+
+/// `d` times `2^e` for the fast records' scales: `e` added to the exponent field of each
+/// lane's bits, one integer operation where a multiply would take an FMA-pipe slot. Exact
+/// and finite while `d` is a normal float (as every converted f16 is) and its biased
+/// exponent plus `e` stays below 255, which `crate::packed::magic_ok` checks per record
+/// (padding rows' zero `d` gives `2^(e - 127)`, finite; their lanes are never stored).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn times_pow2<const E: i32>(d: __m512) -> __m512 {
+    _mm512_castsi512_ps(_mm512_add_epi32(
+        _mm512_castps_si512(d),
+        _mm512_set1_epi32(E << 23),
+    ))
 }
 
 /// Whether this thread's floating-point unit takes subnormal inputs as they are: MXCSR's
@@ -256,16 +268,10 @@ unsafe fn subnormal_q4_1<const MR: usize>(
     m: __m512,
     e0: usize,
 ) {
-    // D = d · 2^129: 129 added to the exponent field of d's bits, one integer operation
-    // where two multiplies by 2^65 and 2^64 took FMA-pipe slots (one unit, M = 1 / 4:
-    // +3-4% / +7-9%). Exact for the fast records' d (finite, non-zero, |d| < 1/2: a normal
-    // f32 once converted from f16, biased exponent 103..=125, so 232..=254 after the add,
-    // no carry into the sign); padding rows' zero d gives 4.0, finite, and their lanes
-    // are never stored.
-    let ds = _mm512_castsi512_ps(_mm512_add_epi32(
-        _mm512_castps_si512(d),
-        _mm512_set1_epi32(129 << 23),
-    ));
+    // D = d · 2^129 by the exponent field, where two multiplies by 2^65 and 2^64 took
+    // FMA-pipe slots (one unit, M = 1 / 2-4: +2-3% / +7-8%). The fast records' d (finite,
+    // non-zero, |d| < 1/2) has a biased exponent of 103..=125, so 232..=254 after the add.
+    let ds = times_pow2::<129>(d);
     let field = _mm512_set1_epi32(0x00f0_0000);
     // Element 8ch + 4half + j: the low (ch < 2) or high nibble of byte j of slice
     // 2·(ch % 2) + half; the high nibble of byte 2 is in place already.
@@ -425,6 +431,38 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
     }
 }
 
+/// Q8_0's fast decode of one block (a record flagged fast: `0 < d < 2^-5` in every real
+/// row, `crate::packed::magic_ok`; and [`Consts::subnormals`]), each weight vector to
+/// `out`. A quant's byte, its sign bit flipped (`b = q + 128`, 0..=255), shifted to bits
+/// 16..24 and masked is a float whose value is its bits times `2^-149` (exponent field 0,
+/// or 1 for `b ≥ 128`): `F = b · 2^-133`. With `D = d · 2^133` and `C = −128 · d` (the
+/// exponent field moved by 133 and by 7, the sign flipped: exact, `D` finite below
+/// `d = 2^-5`), `F · D + C` is `b·d − 128·d = q·d` exactly, a float (8 bits times 11), so the
+/// FMA's rounding keeps it: the reference's `d · q`, `+0` for `q = 0` as `d > 0` gives.
+/// Per vector a shift (none for byte 2, in place already) and an AND beside the two FMAs,
+/// where the magic exponent's ternary-logic op took a third FMA-pipe slot (Zen 4, one
+/// unit, M = 1: 40-41 → see exact-path.md's twenty-first round).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+unsafe fn subnormal_q8_0(out: &mut impl Sink, r0: *const u8, r1: *const u8, d: __m512, e0: usize) {
+    let ds = times_pow2::<133>(d);
+    let c = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(times_pow2::<7>(d)),
+        _mm512_set1_epi32(i32::MIN),
+    ));
+    let flip = _mm512_set1_epi8(-128);
+    let field = _mm512_set1_epi32(0x00ff_0000);
+    for v in 0..8 {
+        let s = _mm512_xor_si512(quads16(r0, r1, v), flip);
+        for j in 0..4 {
+            let bits = Consts::shifted(s, 8 * j as u32, 16);
+            let f = _mm512_castsi512_ps(_mm512_and_si512(bits, field));
+            let w = _mm512_fmadd_ps(f, ds, c);
+            out.put(e0 + 4 * v + j, 4 * (v % 2) + j, w);
+        }
+    }
+}
+
 /// One Q8_0 block of 16 rows, each weight vector to `out`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
@@ -440,16 +478,7 @@ unsafe fn block_q8<const MR: usize>(
     let d = halves16(r0, r1, d_off);
     // Record slice v holds, per row, elements 4v + j: chunk v / 2, lanes 4·(v % 2) + j.
     if fast {
-        let c = magic_c::<Q8_0>(d, 15);
-        let flip = _mm512_set1_epi8(-128);
-        for v in 0..8 {
-            // q + 128 as a byte, placed under 0x47 0x00: the float 2^15 + q + 128.
-            let s = _mm512_xor_si512(quads16(r0, r1, v), flip);
-            for j in 0..4 {
-                let w = _mm512_fmadd_ps(k.float_at(s, 8 * j as u32, 8), d, c);
-                out.put(e0 + 4 * v + j, 4 * (v % 2) + j, w);
-            }
-        }
+        subnormal_q8_0(out, r0, r1, d, e0);
     } else {
         for v in 0..8 {
             let s = quads16(r0, r1, v);
@@ -476,7 +505,7 @@ pub(super) unsafe fn block16<const DT: u8, const MR: usize>(
     (fast, f0, f1): (*const u8, usize, usize),
 ) {
     let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
-    let magic = bit(f0 + b) && bit(f1 + b) && (DT != Q4_1 || k.subnormals);
+    let magic = bit(f0 + b) && bit(f1 + b) && (DT == Q4_0 || k.subnormals);
     match DT {
         Q8_0 => block_q8::<MR>(k, out, p0, p1, 32 * b, magic),
         _ => block_q4::<DT, MR>(k, out, p0, p1, 32 * b, magic),

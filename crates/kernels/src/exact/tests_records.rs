@@ -261,25 +261,39 @@ fn stream_on_records_dequantizes_every_weight_like_the_reference() {
             (40, 64, 4),
             (5, 32, 5),
         ] {
-            let (stored, repacked) = pair(dtype, awkward_rows(dtype, n, k, seed), k, 2);
-            let mut x = vec![0f32; k * k];
-            for t in 0..k {
-                x[t * k + t] = 1.0;
-            }
-            let pool = ThreadPool::new(2);
-            let want = reference(&pool, &x, k, &stored, None);
-            for mr in [1, 2, 3, 4] {
-                let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
-                let got = run(&p, &pool, &x, k, &repacked, None);
-                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                        "{dtype} n={n} k={k} mr={mr}: weight {} of row {}: {g} vs {w}",
-                        i / n,
-                        i % n
-                    );
-                }
-            }
+            let rows = awkward_rows(dtype, n, k, seed);
+            assert_every_weight_dequantizes_alike(dtype, rows, k, &[1, 2, 3, 4]);
+        }
+    }
+}
+
+/// Runs one-hot activations (each output one dequantized weight) through the stream kernel
+/// on the records of `rows` (`n` rows of `k`) at each `mr`, and asserts every weight equals
+/// the panel kernel's on the stored rows, bit for bit (NaNs alike).
+fn assert_every_weight_dequantizes_alike(
+    dtype: DType,
+    rows: Vec<Vec<u8>>,
+    k: usize,
+    mrs: &[usize],
+) {
+    let n = rows.len();
+    let (stored, repacked) = pair(dtype, rows, k, 2);
+    let mut x = vec![0f32; k * k];
+    for t in 0..k {
+        x[t * k + t] = 1.0;
+    }
+    let pool = ThreadPool::new(2);
+    let want = reference(&pool, &x, k, &stored, None);
+    for &mr in mrs {
+        let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
+        let got = run(&p, &pool, &x, k, &repacked, None);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{dtype} n={n} k={k} mr={mr}: weight {} of row {}: {g} vs {w}",
+                i / n,
+                i % n
+            );
         }
     }
 }
@@ -334,25 +348,7 @@ fn scales_at_the_fast_decodes_edges_keep_the_reference_bits() {
             }
             assert_eq!(fast(g, 6), dtype == DType::Q4_1, "{dtype}: negative scale");
         }
-        let (stored, repacked) = pair(dtype, rows, k, 2);
-        let mut x = vec![0f32; k * k];
-        for t in 0..k {
-            x[t * k + t] = 1.0;
-        }
-        let pool = ThreadPool::new(2);
-        let want = reference(&pool, &x, k, &stored, None);
-        for mr in [1, 2, 4] {
-            let p = plan(F32Kernel::Stream, mr, 4, k, 32, k, (1, 2));
-            let got = run(&p, &pool, &x, k, &repacked, None);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                    "{dtype} mr={mr}: weight {} of row {}: {g} vs {w}",
-                    i / n,
-                    i % n
-                );
-            }
-        }
+        assert_every_weight_dequantizes_alike(dtype, rows, k, &[1, 2, 4]);
     }
 }
 

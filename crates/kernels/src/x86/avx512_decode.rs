@@ -253,9 +253,10 @@ fn subnormal_inputs_kept() -> bool {
 /// whose value is its bits times `2^-149` (exponent field 0 or 1), `F = q · 2^-129`, and
 /// one FMA `F · D + m` with `D = d · 2^129` (an integer add to `d`'s exponent field, exact
 /// and finite for such `d`) finishes it: `F · D` is `q · d` exactly, so the FMA's one
-/// rounding is the reference's `q · d + m` for every `m` and either sign of `d`. Per vector a shift (none for byte 2's high nibble, already at bit 20) and an AND,
-/// integer operations that issue beside the FMAs, where the magic exponent's ternary-logic
-/// op competes with them (Zen 4, register-only loops of the M = 1 mix, 4 weight vectors per
+/// rounding is the reference's `q · d + m` for every `m` and either sign of `d`. Per vector
+/// a shift (none for byte 2's high nibble, already at bit 20) and an AND, integer
+/// operations that issue beside the FMAs, where the magic exponent's ternary-logic op
+/// competes with them (Zen 4, register-only loops of the M = 1 mix, 4 weight vectors per
 /// iteration: 9.4 cycles with `ternlog` and half a shift per vector, 8.0 with a shift and
 /// an AND, the two FMAs' bound; subnormal inputs cost the FMA nothing there). Field at bit
 /// 20 rather than 19: one shift in 8 saved and `|d|` up to 1/2, +3-5% at M = 1.
@@ -441,7 +442,8 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
 /// FMA's rounding keeps it: the reference's `d · q`, `+0` for `q = 0` as `d > 0` gives.
 /// Per vector a shift (none for byte 2, in place already) and an AND beside the two FMAs,
 /// where the magic exponent's ternary-logic op took a third FMA-pipe slot (Zen 4, one
-/// unit, M = 1: 40-41 → see exact-path.md's twenty-first round).
+/// unit, M = 1 on the SmolLM2 shapes: 40-42 → 47-49 GFLOP/s; two units from DRAM on the
+/// 7B shapes +10-25%).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
 unsafe fn subnormal_q8_0(out: &mut impl Sink, r0: *const u8, r1: *const u8, d: __m512, e0: usize) {

@@ -402,13 +402,23 @@ fn stream_on_records_plain_and_expanded_rows_agree() {
     }
 }
 
-/// Q4_1's fast decode reads subnormal floats (`x86::avx512_decode::subnormal_q4_1`): on a
-/// thread whose MXCSR has DAZ set (a fast-math host), every weight would read as its `m`,
-/// so the kernel takes the general path there, and its results stay the same bits.
+/// The low-field decodes read subnormal floats (`x86::avx512_decode::subnormal_q4_1`,
+/// `subnormal_q8_0`): on a thread whose MXCSR has DAZ set (a fast-math host), small quants
+/// would read as zero, so the kernel takes the general path there, and its results stay
+/// the same bits.
 #[test]
 #[cfg(target_arch = "x86_64")]
-fn q4_1_stream_keeps_its_bits_where_denormals_are_zero() {
-    use crate::x86::avx512_exact::{record_geometry, stream16, Q4_1};
+fn low_field_streams_keep_their_bits_where_denormals_are_zero() {
+    use crate::x86::avx512_exact::{Q4_1, Q8_0};
+    stream_keeps_its_bits_where_denormals_are_zero::<Q4_1>(DType::Q4_1);
+    stream_keeps_its_bits_where_denormals_are_zero::<Q8_0>(DType::Q8_0);
+}
+
+/// [`low_field_streams_keep_their_bits_where_denormals_are_zero`] for one format (`DT` its
+/// kernel constant).
+#[cfg(target_arch = "x86_64")]
+fn stream_keeps_its_bits_where_denormals_are_zero<const DT: u8>(dtype: DType) {
+    use crate::x86::avx512_exact::{record_geometry, stream16};
     use std::arch::is_x86_feature_detected as has;
     let cpu = [
         has!("avx512f"),
@@ -420,12 +430,15 @@ fn q4_1_stream_keeps_its_bits_where_denormals_are_zero() {
         return;
     }
     let (n, k) = (16, 96);
-    let rows = quantized_rows(DType::Q4_1, n, k, 11);
-    let pw = crate::packed::PackedWeight::pack_rows(DType::Q4_1, n, k, &|r| &rows[r]).unwrap();
+    let rows = quantized_rows(dtype, n, k, 11);
+    let pw = crate::packed::PackedWeight::pack_rows(dtype, n, k, &|r| &rows[r]).unwrap();
     // Every record flagged fast: the test runs the guard, not the general path by chance.
-    assert!((0..pw.groups * pw.blocks).all(|i| pw.fast[i / 8] >> (i % 8) & 1 == 1));
+    assert!(
+        (0..pw.groups * pw.blocks).all(|i| pw.fast[i / 8] >> (i % 8) & 1 == 1),
+        "{dtype}"
+    );
     let x = acts(1, k, 12);
-    let (rb, _, _) = record_geometry(Q4_1);
+    let (rb, _, _) = record_geometry(DT);
     let (xp, r0, fast) = (
         x.as_ptr() as usize,
         pw.data.as_ptr() as usize,
@@ -437,7 +450,7 @@ fn q4_1_stream_keeps_its_bits_where_denormals_are_zero() {
         unsafe {
             let r0 = r0 as *const u8;
             let r1 = r0.add(pw.blocks * rb);
-            stream16::<Q4_1, 1>(
+            stream16::<DT, 1>(
                 [xp as *const f32],
                 r0,
                 r1,
@@ -462,12 +475,16 @@ fn q4_1_stream_keeps_its_bits_where_denormals_are_zero() {
     .join()
     .unwrap();
     let bits = |v: &[f32; 16]| v.map(f32::to_bits);
-    assert_eq!(bits(&plain[0]), bits(&daz[0]));
+    assert_eq!(bits(&plain[0]), bits(&daz[0]), "{dtype}");
     // And they are the reference's where the reference runs the same ISA family (the
     // portable kernels' separate multiply and add round differently).
     if crate::isa::avx512_exact() {
-        let stored = pair(DType::Q4_1, rows, k, 1).0;
+        let stored = pair(dtype, rows, k, 1).0;
         let want = reference(&ThreadPool::new(1), &x, 1, &stored, None);
-        assert_eq!(bits(&plain[0]), bits(&want[..16].try_into().unwrap()));
+        assert_eq!(
+            bits(&plain[0]),
+            bits(&want[..16].try_into().unwrap()),
+            "{dtype}"
+        );
     }
 }

@@ -215,8 +215,7 @@ pub(super) trait Sink {
 /// Q4_0): `−(2^e + 8)·d`, exact for a record flagged fast (`crate::packed::magic_ok`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,fma")]
-unsafe fn magic_c<const DT: u8>(d: __m512, e: i32) -> __m512 {
-    debug_assert!(DT == Q4_0, "Q4_1 and Q8_0 decode by the low field");
+unsafe fn magic_c(d: __m512, e: i32) -> __m512 {
     _mm512_mul_ps(_mm512_set1_ps(-(2f32.powi(e) + 8.0)), d)
 }
 
@@ -320,7 +319,7 @@ unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
 ) {
     // Per exponent e = 8 (index 0) and 4 (index 1): C, or −(2^e + 8).
     let c = if FUSED {
-        [magic_c::<DT>(d, 8), magic_c::<DT>(d, 4)]
+        [magic_c(d, 8), magic_c(d, 4)]
     } else {
         [_mm512_set1_ps(-264.0), _mm512_set1_ps(-24.0)]
     };

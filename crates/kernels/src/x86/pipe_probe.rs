@@ -4,7 +4,9 @@
 //! operations and prints nanoseconds per iteration beside the FMA-only loop, so a kernel's
 //! operation mix can be judged before it is written. The nineteenth round chose Q4_1's
 //! decode with it (`avx512_decode::subnormal_q4_1`: a shift and an AND issue beside the
-//! FMAs on Zen 4, the magic exponent's ternary-logic op does not).
+//! FMAs on Zen 4, the magic exponent's ternary-logic op does not). The twenty-second found
+//! that mix (per 8 weight vectors 16 FMAs, 8 ANDs, 7 shifts) at the FMAs' bound in registers,
+//! and GFNI's affine op taking FMA slots (1.5x), so no decode of fewer FMA-pipe operations.
 //!
 //! `cargo test --release -p tessera-kernels --lib pipe_probe -- --ignored --nocapture`
 
@@ -31,6 +33,7 @@ mod tests {
                         "vbroadcastss zmm16, [{p}]",
                         "vbroadcastss zmm17, [{p} + 4]",
                         "vbroadcastss zmm18, [{p} + 4]",
+                        "kxnorq k1, k1, k1",
                         "/* {q} */",
                         "2:",
                         $body,
@@ -43,7 +46,7 @@ mod tests {
                         out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
                         out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
                         out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-                        out("zmm16") _, out("zmm17") _, out("zmm18") _,
+                        out("zmm16") _, out("zmm17") _, out("zmm18") _, out("k1") _,
                         options(nostack, readonly),
                     );
                 }
@@ -105,6 +108,7 @@ mod tests {
         let cpu = [
             std::arch::is_x86_feature_detected!("avx512f"),
             std::arch::is_x86_feature_detected!("avx512vl"),
+            std::arch::is_x86_feature_detected!("avx512bw"),
         ];
         if !cpu.iter().all(|&f| f) {
             println!("no AVX-512: nothing to probe");
@@ -146,6 +150,48 @@ mod tests {
             "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
             "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
             "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvpandd zmm11, zmm18, zmm17\nvpslld zmm15, zmm18, 4\n"));
+        // GFNI's byte-wise affine map (one op could move a nibble and clear the rest of
+        // its byte): Zen 4, twenty-second round: 1.5x the 8 FMAs, it takes their pipes.
+        if std::arch::is_x86_feature_detected!("gfni") {
+            probe!(
+                "8 FMA + 4 vgf2p8affineqb",
+                base,
+                beside!("vgf2p8affineqb", "zmm18, zmm17, 0")
+            );
+            probe!(
+                "8 FMA + 4 vgf2p8affineqb {k}{z}",
+                base,
+                concat!(
+            "vfmadd231ps zmm0, zmm16, zmm17\nvgf2p8affineqb zmm8 {{k1}}{{z}}, zmm18, zmm17, 0\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm2, zmm16, zmm17\n",
+            "vgf2p8affineqb zmm9 {{k1}}{{z}}, zmm18, zmm17, 0\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm4, zmm16, zmm17\n",
+            "vgf2p8affineqb zmm10 {{k1}}{{z}}, zmm18, zmm17, 0\n",
+            "vfmadd231ps zmm5, zmm16, zmm17\nvfmadd231ps zmm6, zmm16, zmm17\n",
+            "vgf2p8affineqb zmm11 {{k1}}{{z}}, zmm18, zmm17, 0\n",
+            "vfmadd231ps zmm7, zmm16, zmm17\n")
+            );
+            // Per 8 weight vectors (16 FMAs, so against twice the 8 FMAs): today's low field
+            // (7 shifts, 8 ANDs) and a GFNI form (3 shifts, 4 ANDs, 4 masked affine ops).
+            probe!("Q4_1 M = 1 x8, low field: + 8 vpandd + 7 shifts", 2.0 * base, concat!(
+            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q}]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
+            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvpandd zmm11, zmm18, zmm17\nvpslld zmm15, zmm18, 4\n",
+            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q} + 16]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 20]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
+            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 24]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 28]{{1to16}}\nvpandd zmm11, zmm18, zmm17\n"));
+            probe!("Q4_1 M = 1 x8, GFNI: + 4 vpandd + 4 affine {k}{z} + 3 shifts", 2.0 * base, concat!(
+            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q}]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 8\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvgf2p8affineqb zmm9 {{k1}}{{z}}, zmm18, zmm17, 0\n",
+            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm13, zmm18, 16\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvgf2p8affineqb zmm11 {{k1}}{{z}}, zmm18, zmm17, 0\n",
+            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q} + 16]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpsrld zmm14, zmm18, 8\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 20]{{1to16}}\nvgf2p8affineqb zmm9 {{k1}}{{z}}, zmm18, zmm17, 0\n",
+            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 24]{{1to16}}\nvpandd zmm10, zmm18, zmm17\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 28]{{1to16}}\nvgf2p8affineqb zmm11 {{k1}}{{z}}, zmm18, zmm17, 0\n"));
+        }
         probe!("Q4_1 M = 1, low field + 1 vinserti64x4 zmm, m256", base, concat!(
             "vinserti64x4 zmm14, zmm18, [{q} + 64], 1\n",
             "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q}]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",

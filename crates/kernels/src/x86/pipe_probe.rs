@@ -150,6 +150,17 @@ mod tests {
             "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
             "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
             "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvpandd zmm11, zmm18, zmm17\nvpslld zmm15, zmm18, 4\n"));
+        // The low field's mix per 8 weight vectors (16 FMAs, so against twice the 8 FMAs):
+        // 7 shifts and 8 ANDs.
+        probe!("Q4_1 M = 1 x8, low field: + 8 vpandd + 7 shifts", 2.0 * base, concat!(
+            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q}]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
+            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvpandd zmm11, zmm18, zmm17\nvpslld zmm15, zmm18, 4\n",
+            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q} + 16]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
+            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 20]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
+            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 24]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
+            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 28]{{1to16}}\nvpandd zmm11, zmm18, zmm17\n"));
         // GFNI's byte-wise affine map (one op could move a nibble and clear the rest of
         // its byte): Zen 4, twenty-second round: 1.5x the 8 FMAs, it takes their pipes.
         if std::arch::is_x86_feature_detected!("gfni") {
@@ -171,17 +182,8 @@ mod tests {
             "vgf2p8affineqb zmm11 {{k1}}{{z}}, zmm18, zmm17, 0\n",
             "vfmadd231ps zmm7, zmm16, zmm17\n")
             );
-            // Per 8 weight vectors (16 FMAs, so against twice the 8 FMAs): today's low field
-            // (7 shifts, 8 ANDs) and a GFNI form (3 shifts, 4 ANDs, 4 masked affine ops).
-            probe!("Q4_1 M = 1 x8, low field: + 8 vpandd + 7 shifts", 2.0 * base, concat!(
-            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q}]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
-            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
-            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 8]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
-            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 12]{{1to16}}\nvpandd zmm11, zmm18, zmm17\nvpslld zmm15, zmm18, 4\n",
-            "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q} + 16]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 4\n",
-            "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 20]{{1to16}}\nvpandd zmm9, zmm18, zmm17\nvpslld zmm13, zmm18, 4\n",
-            "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 24]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
-            "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 28]{{1to16}}\nvpandd zmm11, zmm18, zmm17\n"));
+            // The GFNI form of the low field's mix above: per 8 weight vectors 3 shifts, 4 ANDs and 4
+            // masked affine ops (against twice the 8 FMAs).
             probe!("Q4_1 M = 1 x8, GFNI: + 4 vpandd + 4 affine {k}{z} + 3 shifts", 2.0 * base, concat!(
             "vfmadd231ps zmm0, zmm16, zmm17\nvfmadd231ps zmm4, zmm18, dword ptr [{q}]{{1to16}}\nvpandd zmm8, zmm18, zmm17\nvpslld zmm12, zmm18, 8\n",
             "vfmadd231ps zmm1, zmm16, zmm17\nvfmadd231ps zmm5, zmm18, dword ptr [{q} + 4]{{1to16}}\nvgf2p8affineqb zmm9 {{k1}}{{z}}, zmm18, zmm17, 0\n",

@@ -156,6 +156,7 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
         tessera_engine::isa_name(),
         planner.profile.cpu
     ));
+    info(&tessera_engine::kernel_variants_line());
     match &blas {
         Some(b) => info(&format!(
             "OpenBLAS: {}{}",

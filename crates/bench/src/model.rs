@@ -167,6 +167,7 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
         },
         engine.load_secs
     ));
+    info(tessera_engine::kernel_variants_line());
     if let Some(w) = crate::stats::load_warning() {
         eprintln!("{w}");
     }

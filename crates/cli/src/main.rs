@@ -257,6 +257,7 @@ pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Eng
     if !(args.tp_timeout > 0.0 && args.tp_timeout.is_finite()) {
         bail!("--tp-timeout must be a positive number of seconds");
     }
+    eprintln!("{}", tessera_engine::kernel_variants_line());
     let planner = tessera_engine::tuning::load_planner();
     let mut engine = Engine::load_parallel(
         &path,

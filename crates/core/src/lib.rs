@@ -16,3 +16,19 @@ pub use blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 pub use dtype::DType;
 pub use error::{Error, Result, TemplateError, TemplateLimit};
 pub use tensor::{TensorBytes, WeightTensor};
+
+/// The user-wide cache folder (models, the tuning cache, the kernel variants measured per
+/// CPU): `$TESSERA_CACHE`, else `$XDG_CACHE_HOME/tessera`, else `~/.cache/tessera`.
+pub fn cache_dir() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    if let Some(d) = std::env::var_os("TESSERA_CACHE") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("tessera");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("tessera")
+}

@@ -48,3 +48,10 @@ pub const KV_BLOCK_SIZE: usize = 16;
 pub fn isa_name() -> &'static str {
     tessera_kernels::Isa::active().name()
 }
+
+/// The start-up line on kernel variants: which this CPU class runs and which it refused,
+/// with their measured speed against their portable twins (`tessera_kernels::variants`;
+/// measured on first use and cached per CPU class).
+pub fn kernel_variants_line() -> String {
+    tessera_kernels::variants::selection().summary()
+}

@@ -2,9 +2,11 @@
 //!
 //! Detected once (`is_x86_feature_detected!`). `TESSERA_ISA` overrides the choice, so tests
 //! and CI can run every path on one machine: `generic` forces the portable kernels, `avx2`
-//! the AVX2+FMA kernels without the AVX-512 ones, `avx512` (the default where the CPU has
-//! it) adds the exact path's AVX-512 stream kernel ([`avx512_exact`]). A value the CPU
-//! cannot honour, or an unknown one, falls back to the best detected set with a warning.
+//! the AVX2+FMA kernels without the AVX-512 ones, `avx512` adds the exact path's AVX-512
+//! kernels ([`avx512_exact`]) whatever they measured. Unset, the AVX-512 kernels run where
+//! the CPU has them and they measured faster than the AVX2 ones ([`crate::variants`]). A
+//! value the CPU cannot honour, or an unknown one, falls back to the best detected set with
+//! a warning.
 //!
 //! AVX-512 is an extension of [`Isa::Avx2Fma`], not a separate [`Isa`]: every kernel keeps
 //! its AVX2 form, and only the exact family's small-M kernel has an AVX-512 one, with the
@@ -97,8 +99,10 @@ pub fn resolve(req: IsaRequest, cpu: CpuFeatures) -> (Isa, bool, Option<String>)
     }
 }
 
-fn selection() -> (Isa, bool) {
-    static SEL: OnceLock<(Isa, bool)> = OnceLock::new();
+/// The ISA, whether the AVX-512 exact kernels may run, and whether `TESSERA_ISA=avx512`
+/// asked for them by name.
+fn selection() -> (Isa, bool, bool) {
+    static SEL: OnceLock<(Isa, bool, bool)> = OnceLock::new();
     *SEL.get_or_init(|| {
         let raw = std::env::var("TESSERA_ISA").ok();
         let cpu = CpuFeatures::detect();
@@ -110,8 +114,16 @@ fn selection() -> (Isa, bool) {
         if let Some(w) = warning {
             eprintln!("warning: {w}");
         }
-        (isa, avx512)
+        (isa, avx512, avx512 && req == IsaRequest::Avx512)
     })
+}
+
+/// Whether the AVX-512 exact kernels may run here (the CPU has AVX-512 F/BW/DQ/VL and
+/// `TESSERA_ISA` asks for neither `avx2` nor `generic`), and whether `TESSERA_ISA=avx512`
+/// asked for them by name. Whether they do run is [`crate::variants`]' measured choice.
+pub fn avx512_request() -> (bool, bool) {
+    let (_, allowed, forced) = selection();
+    (allowed, forced)
 }
 
 /// Whether the CPU is AMD's (the vendor string of CPUID leaf 0): its AVX-512 (Zen 4) runs
@@ -133,11 +145,12 @@ pub fn cpu_is_amd() -> bool {
     false
 }
 
-/// Whether the exact family's AVX-512 kernels run in this process (the CPU has
-/// AVX-512 F/BW/DQ/VL, and `TESSERA_ISA` asks for neither `avx2` nor `generic`).
-/// Implies `Isa::active() == Isa::Avx2Fma`.
+/// Whether the exact family's AVX-512 kernels run in this process: they may
+/// ([`avx512_request`]) and they measured faster than the AVX2 kernels on this CPU class
+/// ([`crate::variants`], or `TESSERA_ISA=avx512` asked for them). Implies
+/// `Isa::active() == Isa::Avx2Fma`.
 pub fn avx512_exact() -> bool {
-    selection().1
+    selection().1 && crate::variants::active().has(crate::variants::Variant::Avx512)
 }
 
 impl Isa {

@@ -1,7 +1,9 @@
 //! Compute kernels over weights in their stored formats, and the shape-aware planner that
 //! picks how each matrix product runs.
 //!
-//! - [`isa`]: which instruction set the kernels use, detected once at run time.
+//! - [`isa`]: which instruction set the kernels use, detected once at run time;
+//!   [`variants`]: the kernel variants this CPU runs, chosen by timing them against their
+//!   portable twins.
 //! - [`generic`]: portable kernels, always complete; the reference for the SIMD ones.
 //! - `x86::avx2`, `x86::avx2_q8`, `x86::avx2_exact`: AVX2+FMA kernels with the same
 //!   arithmetic (same order); `x86::avx512_exact`: the exact stream kernel on AVX-512.
@@ -41,6 +43,7 @@ pub mod packed;
 pub mod plan;
 pub mod planner;
 pub mod quant_acts;
+pub mod variants;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 

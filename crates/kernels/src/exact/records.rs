@@ -163,6 +163,7 @@ fn tile16(
     let (r0, r1) = (group(g0), group(g1));
     assert!(pw.fast.len() * 8 >= pw.groups * pw.blocks);
     let fast = pw.fast.as_ptr();
+    let low_field = crate::variants::low_field(pw.dtype);
     macro_rules! run {
         ($DT:expr, $MR:literal) => {{
             let xp: [*const f32; $MR] = std::array::from_fn(|a| x[a * k..].as_ptr());
@@ -180,6 +181,7 @@ fn tile16(
                     fast,
                     g0 * pw.blocks,
                     g1 * pw.blocks,
+                    low_field,
                 )
             };
             let mut v = [[0f32; 16]; 2];
@@ -265,6 +267,7 @@ pub(crate) fn strip32(pw: &PackedWeight, r0: usize, live: usize, dst: &mut [f32]
     assert!(dst.len() == 32 * k && pw.blocks * 32 == k);
     assert!(pw.fast.len() * 8 >= pw.groups * pw.blocks);
     let group = |g: usize| pw.group_bytes(g..g + 1).as_ptr();
+    let low_field = crate::variants::low_field(pw.dtype);
     for half in 0..2 {
         let ga = r0 / GROUP + 2 * half;
         if 16 * half >= live {
@@ -289,6 +292,7 @@ pub(crate) fn strip32(pw: &PackedWeight, r0: usize, live: usize, dst: &mut [f32]
                         ga * pw.blocks,
                         gb * pw.blocks,
                         dst.as_mut_ptr().add(16 * half),
+                        low_field,
                     )
                 }
             };

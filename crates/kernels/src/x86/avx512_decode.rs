@@ -29,10 +29,11 @@
 //!   `d > 0` and finite (then an exact zero comes out `+0`, as the reference's `q·d` with
 //!   `q = 0` and `d > 0`).
 //!
-//! Q4_1 moved from the magic exponent to the low field in the nineteenth round, Q8_0 in the
-//! twenty-first: on Zen 4 the ternary-logic op competes with the FMAs for their pipes where
-//! a shift and an AND do not (one unit, M = 1, SmolLM2 shapes: Q4_1 42 → 47-49 GFLOP/s,
-//! M = 2 and 4 +8-10%; Q8_0 see [`subnormal_q8_0`]).
+//! The low-field decodes exist for cores where subnormal operands cost the FMA nothing
+//! (Zen 4): there the magic exponent's ternary-logic op competes with the FMAs for their
+//! pipes where a shift and an AND do not. Intel's cores take a microcode assist for every
+//! subnormal operand (about 90x an FMA's time), so whether they run is measured per CPU
+//! class (`crate::variants`, the caller's `low_field`); elsewhere the general path runs.
 //!
 //! Whether a record's rows meet these conditions is decided once, when the weight is
 //! repacked (`crate::packed::magic_ok`, a bit per record in `PackedWeight::fast`; a
@@ -134,17 +135,17 @@ pub(super) struct Consts {
     field_lo: __m512i,
     /// `spread(j, 0)` (4-bit) or `spread(j, 3)` (Q8_0): the general path's byte shuffles.
     slow: [__m512i; 4],
-    /// Whether subnormal inputs keep their values in this thread (MXCSR's DAZ bit clear),
-    /// as the low-field decodes need ([`subnormal_q4_1`], [`subnormal_q8_0`]: their `F` is
-    /// subnormal for small quants);
-    /// read once per call.
-    subnormals: bool,
+    /// Whether the low-field decodes run ([`subnormal_q4_1`], [`subnormal_q8_0`]): the caller
+    /// asked for them (`crate::variants`: they feed subnormal floats to the FMAs, free on
+    /// some cores and a microcode assist per instruction on others) and this thread keeps
+    /// subnormal inputs (MXCSR's DAZ bit clear, read once per call).
+    low_field: bool,
 }
 
 impl Consts {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn new<const DT: u8>() -> Consts {
+    pub(super) unsafe fn new<const DT: u8>(low_field: bool) -> Consts {
         let slow_pos = if DT == Q8_0 { 3 } else { 0 };
         Consts {
             magic: _mm512_set1_epi32(0x4180_0000),
@@ -152,7 +153,7 @@ impl Consts {
             magic_lo: _mm512_set1_epi32(0x4380_0000),
             field_lo: _mm512_set1_epi32(0x0007_8000),
             slow: std::array::from_fn(|j| spread_reg(j, slow_pos)),
-            subnormals: subnormal_inputs_kept(),
+            low_field: low_field && subnormal_inputs_kept(),
         }
     }
 
@@ -247,7 +248,7 @@ fn subnormal_inputs_kept() -> bool {
 }
 
 /// Q4_1's fast decode of one block (a record flagged fast: `d` finite, non-zero and
-/// `|d| < 1/2` in every real row, `crate::packed::magic_ok`; and [`Consts::subnormals`]),
+/// `|d| < 1/2` in every real row, `crate::packed::magic_ok`; and [`Consts::low_field`]),
 /// each weight vector to `out`. Each nibble is shifted to bits 20..24 and masked: a float
 /// whose value is its bits times `2^-149` (exponent field 0 or 1), `F = q · 2^-129`, and
 /// one FMA `F · D + m` with `D = d · 2^129` (an integer add to `d`'s exponent field, exact
@@ -432,7 +433,7 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
 }
 
 /// Q8_0's fast decode of one block (a record flagged fast: `0 < d < 2^-5` in every real
-/// row, `crate::packed::magic_ok`; and [`Consts::subnormals`]), each weight vector to
+/// row, `crate::packed::magic_ok`; and [`Consts::low_field`]), each weight vector to
 /// `out`. A quant's byte, its sign bit flipped (`b = q + 128`, 0..=255), shifted to bits
 /// 16..24 and masked is a float whose value is its bits times `2^-149` (exponent field 0,
 /// or 1 for `b ≥ 128`): `F = b · 2^-133`. With `D = d · 2^133` and `C = −128 · d` (the
@@ -506,7 +507,7 @@ pub(super) unsafe fn block16<const DT: u8, const MR: usize>(
     (fast, f0, f1): (*const u8, usize, usize),
 ) {
     let bit = |i: usize| *fast.add(i / 8) >> (i % 8) & 1 == 1;
-    let magic = bit(f0 + b) && bit(f1 + b) && (DT == Q4_0 || k.subnormals);
+    let magic = bit(f0 + b) && bit(f1 + b) && (DT == Q4_0 || k.low_field);
     match DT {
         Q8_0 => block_q8::<MR>(k, out, p0, p1, 32 * b, magic),
         _ => block_q4::<DT, MR>(k, out, p0, p1, 32 * b, magic),

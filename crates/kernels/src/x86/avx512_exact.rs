@@ -98,6 +98,11 @@ impl Sink for StripRows {
 /// records of format `DT` (`record_geometry`); `fast` for bits `f0 .. f0 + blocks` and
 /// `f1 .. f1 + blocks`, each set only where `crate::packed::magic_ok` holds for every row of
 /// that record whose result the caller keeps.
+///
+/// `low_field`: decode Q4_1 and Q8_0 records flagged fast by the low field
+/// (`avx512_decode`; `crate::variants` decides per CPU); else by the general path. The
+/// results are the same bits either way.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
 pub unsafe fn stream16<const DT: u8, const MR: usize>(
     x: [*const f32; MR],
@@ -107,9 +112,10 @@ pub unsafe fn stream16<const DT: u8, const MR: usize>(
     fast: *const u8,
     f0: usize,
     f1: usize,
+    low_field: bool,
 ) -> [[f32; 16]; MR] {
     let (rb, _, _) = record_geometry(DT);
-    let k = Consts::new::<DT>();
+    let k = Consts::new::<DT>(low_field);
     let mut acc = [[_mm512_setzero_ps(); 8]; MR];
     // The far hint's target, `FAR_PREFETCH` bytes ahead of each stream, and past a
     // group's end the next call's group of the same stream (this call's other group lies
@@ -164,7 +170,7 @@ pub unsafe fn stream16<const DT: u8, const MR: usize>(
 /// reference's, by the same decode (one row per vector lane is one strip row half).
 ///
 /// # Safety
-/// As [`stream16`] for `r0`, `r1`, `blocks`, `fast`, `f0`, `f1`; `dst` valid for writes of 16
+/// As [`stream16`] for `r0`, `r1`, `blocks`, `fast`, `f0`, `f1`, `low_field`; `dst` valid for writes of 16
 /// values at every `(l · steps + c) · 32`, `l < 8`, `c < steps`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
@@ -176,9 +182,10 @@ pub unsafe fn decode_strip16<const DT: u8>(
     f0: usize,
     f1: usize,
     dst: *mut f32,
+    low_field: bool,
 ) {
     let (rb, _, _) = record_geometry(DT);
-    let k = Consts::new::<DT>();
+    let k = Consts::new::<DT>(low_field);
     let mut out = StripRows {
         dst,
         steps: 4 * blocks,

@@ -80,6 +80,35 @@ pub enum BenchCommand {
         #[arg(long)]
         no_cold: bool,
     },
+    /// Every kernel variant of the exact and fast paths on this CPU beside its portable twin
+    /// (the default model's and a Llama-7B layer's products, M = 1 and a large M): GFLOP/s,
+    /// GB/s, and whether the variant this CPU runs is the fastest.
+    Kernels {
+        /// Compute units (default: available parallelism).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Weight formats, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "q4_1,q8_0")]
+        dtypes: Vec<String>,
+        /// Shape sets, comma-separated: smollm (SmolLM2-135M), llama7b (one Llama-7B layer).
+        #[arg(long, value_delimiter = ',', default_value = "smollm,llama7b")]
+        shapes: Vec<String>,
+        /// The large M (prompt tokens of a step) timed beside M = 1.
+        #[arg(long, default_value_t = 128)]
+        large_m: usize,
+        /// Minimum milliseconds of timed runs per product (at least 3 runs).
+        #[arg(long, default_value_t = 30)]
+        min_ms: u64,
+        /// One JSON object per product and variant on stdout instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Seed of the random weights and activations.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Internal: time one variant (`precision/name`) and print its figures as JSON.
+        #[arg(long, hide = true)]
+        child: Option<String>,
+    },
     /// llama-bench-style throughput: prompt processing (pp) and token generation (tg).
     Model {
         /// GGUF file or Hugging Face folder (default: $TESSERA_MODEL or the default model).
@@ -333,6 +362,30 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 cold: !no_cold,
             };
             run_gemm(&cfg)
+        }
+        BenchCommand::Kernels {
+            threads,
+            dtypes,
+            shapes,
+            large_m,
+            min_ms,
+            json,
+            seed,
+            child,
+        } => {
+            if large_m == 0 {
+                anyhow::bail!("--large-m needs a positive value");
+            }
+            crate::kernels::run_kernels(&crate::kernels::KernelsConfig {
+                threads: threads.unwrap_or_else(default_threads).max(1),
+                families: parse_families(&shapes)?,
+                dtypes: parse_dtypes(&dtypes)?,
+                large_m,
+                min_ms,
+                json,
+                seed,
+                child,
+            })
         }
         BenchCommand::Model {
             model,

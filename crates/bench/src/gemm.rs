@@ -74,7 +74,12 @@ pub struct GemmConfig {
 
 /// The bytes of a random `[n, k]` weight of `dtype` (uniform in [-1, 1) before
 /// quantization), with its f32 values kept for an f32 weight (OpenBLAS reads them).
-fn random_weight_bytes(dtype: DType, n: usize, k: usize, seed: u64) -> (Vec<u8>, Option<Vec<f32>>) {
+pub(crate) fn random_weight_bytes(
+    dtype: DType,
+    n: usize,
+    k: usize,
+    seed: u64,
+) -> (Vec<u8>, Option<Vec<f32>>) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((n as u64) << 32) ^ (k as u64));
     let mut bytes = Vec::with_capacity(dtype.row_bytes(k).unwrap_or(0) * n);
     let mut values = (dtype == DType::F32).then(|| Vec::with_capacity(n * k));
@@ -92,7 +97,13 @@ fn random_weight_bytes(dtype: DType, n: usize, k: usize, seed: u64) -> (Vec<u8>,
 }
 
 /// A `[n, k]` weight of `dtype` holding `bytes`, as the model loads it.
-fn weight_of(bytes: &[u8], dtype: DType, n: usize, k: usize, repack: bool) -> Result<GemmWeight> {
+pub(crate) fn weight_of(
+    bytes: &[u8],
+    dtype: DType,
+    n: usize,
+    k: usize,
+    repack: bool,
+) -> Result<GemmWeight> {
     let t = WeightTensor::new(
         format!("bench.{n}x{k}"),
         dtype,

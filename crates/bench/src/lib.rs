@@ -5,6 +5,8 @@
 //!   candidates (the oracle), with the single best fixed strategy, and with OpenBLAS sgemm
 //!   (f32, loaded at run time when installed), against the machine's measured peak FMA
 //!   throughput and DRAM bandwidth.
+//! - `kernels`: every kernel variant on this CPU beside its portable twin, and whether the
+//!   variant the CPU class chose (`tessera_kernels::variants`) is the fastest.
 //! - `model`: llama-bench-style prompt processing and generation throughput of a model.
 //! - `serve`: a load generator for OpenAI-compatible servers (TTFT, TPOT, throughput,
 //!   goodput), with concurrency sweeps and requests spread over LoRA adapters
@@ -18,6 +20,7 @@
 
 pub mod cli;
 pub mod gemm;
+pub mod kernels;
 pub mod lora_report;
 pub mod make_adapters;
 pub mod model;

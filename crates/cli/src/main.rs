@@ -150,7 +150,7 @@ enum Command {
     Pull,
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
-    /// Benchmarks: GEMM planner sweep, whole-model throughput.
+    /// Benchmarks: GEMM planner sweep, kernel variants, whole-model throughput.
     Bench {
         #[command(subcommand)]
         cmd: tessera_bench::cli::BenchCommand,

@@ -271,7 +271,12 @@ pub fn tile_gflops_on(
     let w = weight(dtype, n, k, crate::wants_repack(precision));
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
     let mut out = vec![0f32; m * n];
-    let planner = Planner::untuned();
+    // A base plan to override: from the nearest built-in profile, since this may run while
+    // this class's own profile is being measured (`cost::measured`).
+    let planner = Planner::new(
+        MachineProfile::nearest_builtin(&cpu_model()),
+        crate::planner::TuningCache::default(),
+    );
     let mut plan: Plan = planner.candidates(&ShapeKey::new(m, k, n, dtype, precision, 1))[0];
     plan.tile.family = family;
     plan.tile.kernel = kernel;
@@ -363,12 +368,14 @@ pub(crate) fn cache_bytes(level: &str, default: usize) -> usize {
 }
 
 /// Measures a full profile (about two seconds). `progress` names each step as it starts.
-/// What a class profile (`cost::profiles`) starts from, through the `print_profile` test;
-/// its tile rates come from small products and mis-rank kernels until fitted to whole
-/// products, so no planner ranks with it directly (`tessera tune` did until the eighteenth
-/// round).
+/// What a built-in class profile (`cost::profiles`) starts from, through the
+/// `print_profile` test, and what a CPU class without one is planned with
+/// (`cost::measured`). Its tile rates come from small products and can mis-rank kernels
+/// against whole products, so no planner ranks with them directly: a measured class
+/// profile keeps the built-in table's relative rates within each kernel family, at the
+/// measured level (`cost::measured::anchor`).
 pub fn measure_profile(pool: &ThreadPool, progress: &mut dyn FnMut(&str)) -> MachineProfile {
-    let mut p = MachineProfile::default_for(&cpu_model());
+    let mut p = MachineProfile::nearest_builtin(&cpu_model());
     progress("f32 dot tiles");
     p.f32_gflops_per_core = family_gflops(KernelFamily::F32Dot);
     progress("integer dot tiles");

@@ -12,7 +12,9 @@ use tessera_core::DType;
 
 use crate::plan::{F32Kernel, KernelFamily, Plan};
 
+mod measured;
 mod profiles;
+pub use profiles::{builtin_for_class, Builtin};
 mod stream;
 
 use stream::predict_stream_us;

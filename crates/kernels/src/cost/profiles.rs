@@ -1,15 +1,77 @@
-//! The built-in machine profiles: what the cost model assumes about a CPU before
-//! `tessera tune` has measured it, one table per machine class it was measured on.
+//! The built-in machine profiles: what the cost model assumes about a CPU of a class it was
+//! measured on, one table per class; other classes are measured (`super::measured`).
 
 use super::{MachineProfile, TileRate};
+use crate::variants::CpuClass;
+
+/// The CPU classes a built-in profile was measured on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// Intel Sapphire and Emerald Rapids (family 6, models 143 and 207) with the AVX-512
+    /// kernels: [`MachineProfile::avx512_default`].
+    XeonAvx512,
+    /// AMD Zen 4 (family 25 with AVX-512) with the AVX-512 kernels:
+    /// [`MachineProfile::zen4_default`].
+    Zen4,
+    /// AMD Zen 3 (family 25 without AVX-512) on the AVX2 kernels:
+    /// [`MachineProfile::avx2_default`].
+    Zen3,
+}
+
+/// The built-in profile measured on `class` running these kernels (`avx512`: the exact
+/// path's AVX-512 kernels run), if there is one. Any other class is measured
+/// (`super::measured`).
+pub fn builtin_for_class(class: &CpuClass, avx512: bool) -> Option<Builtin> {
+    match (class.vendor.as_str(), class.family, avx512) {
+        ("GenuineIntel", 6, true) if matches!(class.model, 143 | 207) => Some(Builtin::XeonAvx512),
+        ("AuthenticAMD", 25, true) => Some(Builtin::Zen4),
+        ("AuthenticAMD", 25, false) if !crate::isa::CpuFeatures::detect().avx512 => {
+            Some(Builtin::Zen3)
+        }
+        _ => None,
+    }
+}
 
 impl MachineProfile {
-    /// The built-in profile for the kernels this process runs, used when no measured profile
-    /// is cached (`tessera tune` measures the machine it runs on): where the exact path's
-    /// AVX-512 kernels run, [`Self::zen4_default`] on AMD (AVX-512 at half the width per
-    /// cycle) and [`Self::avx512_default`] elsewhere; else [`Self::avx2_default`]. Cache
+    /// The cost profile for this CPU and the kernels this process runs: the built-in one
+    /// where it was measured on this CPU class ([`builtin_for_class`]), else this class's
+    /// own measured profile (`super::measured`: measured on first use and cached). Cache
     /// sizes come from the system where it tells them.
     pub fn default_for(cpu: &str) -> Self {
+        let class = crate::variants::CpuClass::detect();
+        let builtin = builtin_for_class(&class, crate::isa::avx512_exact());
+        let mut p = match builtin {
+            Some(b) => Self::builtin(b, cpu),
+            None => match super::measured::profile() {
+                Some(m) => {
+                    let mut m = m.clone();
+                    m.cpu = cpu.to_string();
+                    m
+                }
+                None => Self::nearest_builtin(cpu),
+            },
+        };
+        p.l1_bytes = crate::calibrate::cache_bytes("L1", p.l1_bytes);
+        p.l2_bytes = crate::calibrate::cache_bytes("L2", p.l2_bytes);
+        p.l3_bytes = crate::calibrate::cache_bytes("L3", p.l3_bytes);
+        p
+    }
+
+    /// One built-in profile.
+    pub fn builtin(b: Builtin, cpu: &str) -> Self {
+        match b {
+            Builtin::XeonAvx512 => Self::avx512_default(cpu),
+            Builtin::Zen4 => Self::zen4_default(cpu),
+            Builtin::Zen3 => Self::avx2_default(cpu),
+        }
+    }
+
+    /// The built-in profile of the kernels this process runs, whatever the CPU class: where
+    /// the AVX-512 kernels run, [`Self::zen4_default`] on AMD (AVX-512 at half the width per
+    /// cycle) and [`Self::avx512_default`] elsewhere; else [`Self::avx2_default`]. What a
+    /// measured profile starts from (its fitted terms stay; every measured figure replaces
+    /// its own), and what `TESSERA_KERNEL_CHECK=skip` takes on a class without a profile.
+    pub fn nearest_builtin(cpu: &str) -> Self {
         let mut p = match (crate::isa::avx512_exact(), crate::isa::cpu_is_amd()) {
             (true, true) => Self::zen4_default(cpu),
             (true, false) => Self::avx512_default(cpu),

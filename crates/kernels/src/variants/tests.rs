@@ -213,6 +213,23 @@ fn skip_without_a_cache_and_a_corrupt_cache_are_handled() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
+/// The qualification itself: a timing for every variant where the CPU has AVX-512, finite
+/// and positive, and none elsewhere.
+#[test]
+fn qualification_times_every_variant_against_its_twin() {
+    let t = measure();
+    #[cfg(target_arch = "x86_64")]
+    if super::qualify::has_avx512() {
+        for v in Variant::ALL {
+            let r = t.iter().find(|x| x.variant == v).expect("timed");
+            assert!(r.variant_ns > 0.0 && r.twin_ns > 0.0, "{r:?}");
+            assert!(r.variant_ns.is_finite() && r.twin_ns.is_finite(), "{r:?}");
+        }
+        return;
+    }
+    assert!(t.is_empty());
+}
+
 /// Every variant and twin computes bitwise the same products: the low-field and general
 /// decodes of the AVX-512 stream kernel and the AVX2 kernel, on awkward shapes and on
 /// scales at the fast decodes' edges.

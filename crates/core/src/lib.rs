@@ -9,6 +9,7 @@
 pub mod blocks;
 pub mod dtype;
 pub mod error;
+pub mod ggml_quants;
 pub mod tensor;
 pub mod untrusted;
 

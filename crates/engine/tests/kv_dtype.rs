@@ -5,7 +5,7 @@
 //! invariance of its own; tensor-parallel ranks all on f16.
 //!
 //! `cargo test --release -p tessera-engine --test kv_dtype -- --nocapture` prints the
-//! per-prompt figures quoted in docs/bench/long-context.md.
+//! per-prompt figures behind what docs/serving.md says of `--kv-dtype f16`.
 
 use std::path::PathBuf;
 use std::time::Duration;

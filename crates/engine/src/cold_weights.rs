@@ -2,8 +2,8 @@
 //! so by the time it comes back to a weight the model's other weights have passed through
 //! the caches; a benchmark or tuning loop that runs one product over and over reads its
 //! weight from a cache instead, and at small M (where the weight's streaming bounds the
-//! product) that favours other tiles than the step's (twentieth round: 1 × 576 × 576 f32,
-//! the 4-row stream tile ran level warm and 0.8 of the 8-row one cold).
+//! product) that favours other tiles than the step's: a tile that reads fewer weight rows at
+//! once can run level with another on a warm weight and clearly behind it from DRAM.
 //!
 //! A cold measurement copies the weight until the copies together pass the last-level cache
 //! twice and runs the product once over each copy in turn. `tessera tune` times M up to
@@ -18,7 +18,7 @@ use tessera_runtime::ThreadPool;
 
 /// The largest M judged with its weights from DRAM: a model's step reads them from there,
 /// and at small M a tile that packs the weights first, or reads fewer rows at once, can win
-/// on warm caches and lose on cold weights (sixteenth round, M = 4-8; twentieth, M = 1).
+/// on warm caches and lose on cold weights.
 pub const STEP_COLD_MAX_M: usize = 8;
 
 /// Bytes the cold copies of a weight fill together: twice the last-level cache, at least

@@ -233,9 +233,9 @@ pub const DEFAULT_BUDGET_FACTOR: f64 = 1.25;
 /// 32-token prompt, following the cost as it is refitted. Such a request then completes its
 /// prefill in one step, and one arriving while long prompts prefill waits for the step in
 /// flight (on average half a budget) and then its own step: about 1.6 times its time on an
-/// idle server, plus the request's own overheads (HTTP, tokenizing, the step loop's turn),
-/// which the sitting of 2026-12-02 measured at about 0.2 more. A factor of 1.5 gave 1.95x
-/// there, too close to 2. Slower machines (or models) get a proportionally larger budget.
+/// idle server, plus the request's own overheads (HTTP, tokenizing, the step loop's turn).
+/// That stays below 2 with a margin; a factor of 1.5 would bring it close to 2. Slower
+/// machines (or models) get a proportionally larger budget.
 pub fn auto_budget(c: StepCost) -> TimeBudget {
     TimeBudget::relative(c, DEFAULT_BUDGET_FACTOR, REFERENCE_PROMPT)
 }

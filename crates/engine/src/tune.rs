@@ -1,5 +1,5 @@
 //! `tessera tune`: measures the best candidate plans for the shapes a model really uses and
-//! stores the winners (and a measured machine profile) in the tuning cache.
+//! stores the winners in the tuning cache.
 //!
 //! For every distinct linear-layer weight shape of the model (dtype, K, N) and every M in
 //! the ladder, the top candidates by predicted time are timed on synthetic data of that
@@ -8,19 +8,15 @@
 //! own, becomes the bucket's entry. Up to [`crate::cold_weights::STEP_COLD_MAX_M`] rows
 //! (unless told otherwise) the weight is read from DRAM as a model step reads it
 //! ([`crate::cold_weights`]): each timing is one pass over copies of it that together pass
-//! the last-level cache. Until the twentieth round every M was timed on one warm weight,
-//! which picked the 4-row f32 stream tile at 1 × 576 × 192 (1.04x warm) where a step runs
-//! the 8-row one 1.1-1.3x faster.
+//! the last-level cache. Timed on one weight warm in the caches (`--warm`), small products
+//! favour tiles that a step, reading its weights from DRAM, runs slower.
 //!
 //! The candidates are ranked by the planner that plans without tuning (the CPU's class
 //! profile), so the untuned plan is always among them and timing only ever replaces it with
-//! a plan measured faster. Until the eighteenth round `tessera tune` ranked them with a
-//! profile measured at the start (`calibrate::measure_profile`), whose raw tile rates the
-//! fitted cost model does not mean: on the Zen 4 it rated the 12 × 32 and 8 × 32 outer tiles
-//! at 73-79 GFLOP/s a unit against the 6 × 4 macro tile's 102, no outer plan was among the
-//! top eight at large M, and the tuned sweep ran 512 × 4096 × 4096 f32 at 175 GFLOP/s on the
-//! macro tile where the untuned plan ran 215 (tuned large-M f32 0.79 of the FMA peak
-//! against 0.845 untuned).
+//! a plan measured faster. Raw tile rates measured on small products
+//! (`calibrate::measure_profile`) would not do for the ranking: they are not the rates the
+//! cost model was fitted with, and they rank some kernels too low to be timed at all (the
+//! outer-product tiles at large M).
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -173,9 +169,8 @@ fn time_runs(
 }
 
 /// Interleaved rounds in which every candidate of a shape is timed once, so that a slow
-/// spell of the host falls on all of them alike (one candidate timed after another let a
-/// one-unit plan win a two-unit shape during a slow minute: 0.62 of the oracle in the
-/// twelfth round's tuned sweep).
+/// spell of the host falls on all of them alike instead of on whichever candidate happened
+/// to run during it.
 const ROUNDS: usize = 5;
 
 /// Medians of each plan over [`ROUNDS`] interleaved rounds (after one untimed pass of each
@@ -209,19 +204,15 @@ fn medians(
 }
 
 /// How much faster than the model's own choice a challenger must run in the finals to
-/// replace it. Plans closer than this are level on this host's noise, and a swap between
-/// them only moves the tuned plan with the noise: in the twentieth round's tuned sweep two
-/// of the rows below 0.95 of the oracle were such swaps, plans the model had predicted level
-/// (1 × 576 × 576 Q4_1 `nc` 576 for 16: 0.85 warm, 0.94 cold; 4 × 576 × 192 Q4_1 split M
-/// for N: 0.91 cold).
+/// replace it. Plans closer than this are level within a shared host's noise, and a swap
+/// between them would only make the tuned plan follow the noise.
 const REPLACE_MARGIN: f64 = 0.03;
 
 /// The candidate with the lowest median over [`ROUNDS`] interleaved rounds, and that median.
 /// When that is not the model's first choice (`plans[0]`), the two are timed afresh and only
-/// the new rounds decide: the fastest of several noisy medians is biased fast, and a one-unit
-/// plan still won a two-unit shape at half its speed in the sixteenth round's tuned sweep
-/// (1 × 4096 × 11,008 Q8_0: 0.51 of the oracle). The challenger must then beat the model's
-/// choice by [`REPLACE_MARGIN`].
+/// the new rounds decide: the fastest of several noisy medians is biased fast (one lucky
+/// median can make a plan look fastest at half another's usual speed). The challenger must
+/// then beat the model's choice by [`REPLACE_MARGIN`].
 fn fastest(
     pool: &ThreadPool,
     plans: Vec<Plan>,

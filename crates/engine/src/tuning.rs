@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn caches_with_a_measured_profile_still_load_and_keep_their_plans() {
-        // As `tessera tune` wrote it before the eighteenth round: the profile is skipped.
+        // As an older `tessera tune` wrote it, with a measured profile: the profile is skipped.
         let old = r#"{"profile": {"cpu": "AMD EPYC", "f32_gflops_per_core": 54.3,
             "tiles": [{"family": "f32packed16", "mr": 12, "nr": 32, "gflops": 72.8}]},
             "plans": {"AMD EPYC|t2|F32|exact|m512k4096n4096": {"kernel": "packed", "mr": 6,

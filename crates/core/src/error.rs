@@ -37,6 +37,14 @@ pub enum Error {
         crate::untrusted::quote(arch)
     )]
     UnknownArchitecture { arch: String },
+    /// Everything a model file needs that this build lacks, found in one pass: its
+    /// architecture if unknown, and every unsupported tensor type with how many tensors use
+    /// it (in the order of first use).
+    #[error("{}", unsupported_model_message(arch.as_deref(), types))]
+    UnsupportedModel {
+        arch: Option<String>,
+        types: Vec<UnsupportedTypeUse>,
+    },
     #[error("invalid model configuration: {}", Safe(.0))]
     Config(String),
     #[error("tokenizer: {}", Safe(.0))]
@@ -130,4 +138,55 @@ impl Error {
             source,
         }
     }
+}
+
+/// One unsupported tensor type in a model file: its name, how many tensors use it and the
+/// first of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsupportedTypeUse {
+    pub ty: String,
+    pub count: usize,
+    pub first: String,
+}
+
+/// Groups `(type, tensor)` pairs by type, in the order of each type's first tensor.
+pub fn group_unsupported(
+    uses: impl IntoIterator<Item = (String, String)>,
+) -> Vec<UnsupportedTypeUse> {
+    let mut out: Vec<UnsupportedTypeUse> = Vec::new();
+    for (ty, name) in uses {
+        match out.iter_mut().find(|u| u.ty == ty) {
+            Some(u) => u.count += 1,
+            None => out.push(UnsupportedTypeUse {
+                ty,
+                count: 1,
+                first: name,
+            }),
+        }
+    }
+    out
+}
+
+const SUPPORTED_ARCHS: &str = "llama, mistral, qwen2, smollm";
+
+fn unsupported_model_message(arch: Option<&str>, types: &[UnsupportedTypeUse]) -> String {
+    let mut parts = Vec::new();
+    if let Some(a) = arch {
+        parts.push(format!(
+            "unsupported architecture {} (supported: {SUPPORTED_ARCHS})",
+            crate::untrusted::quote(a)
+        ));
+    }
+    if !types.is_empty() {
+        let list: Vec<String> = types
+            .iter()
+            .map(|u| match u.count {
+                1 => format!("{} (1 tensor: {})", Name(&u.ty), Name(&u.first)),
+                n => format!("{} ({n} tensors, first {})", Name(&u.ty), Name(&u.first)),
+            })
+            .collect();
+        let noun = if types.len() == 1 { "type" } else { "types" };
+        parts.push(format!("unsupported tensor {noun}: {}", list.join(", ")));
+    }
+    parts.join("; ")
 }

@@ -15,7 +15,9 @@ pub mod untrusted;
 
 pub use blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 pub use dtype::DType;
-pub use error::{Error, Result, TemplateError, TemplateLimit};
+pub use error::{
+    group_unsupported, Error, Result, TemplateError, TemplateLimit, UnsupportedTypeUse,
+};
 pub use tensor::{TensorBytes, WeightTensor};
 
 /// The user-wide cache folder (models, the tuning cache, the kernel variants measured per

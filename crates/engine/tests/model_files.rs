@@ -790,7 +790,31 @@ fn gguf_unsupported_tensor_type_is_named() {
     let e = gguf_err(&p, "q4k");
     assert_eq!(
         e,
-        "unsupported tensor type Q4_K for tensor blk.1.ffn_down.weight"
+        "unsupported tensor type: Q4_K (1 tensor: blk.1.ffn_down.weight)"
+    );
+}
+
+/// An unknown architecture and every unsupported tensor type, with counts, in one error.
+#[test]
+fn gguf_every_unsupported_type_and_the_architecture_are_named_at_once() {
+    let mut p = GgufParts::new(DType::F32, true);
+    p.set_meta("general.architecture", MetaValue::String("gptj".into()));
+    for (name, ty, bytes) in [
+        ("blk.0.ffn_down.weight", 12, 144), // Q4_K
+        ("blk.1.ffn_down.weight", 12, 144),
+        ("blk.0.ffn_up.weight", 14, 210), // Q6_K
+    ] {
+        let t = p.tensor_mut(name);
+        t.ty = ty;
+        t.dims = vec![256, 1];
+        t.data = vec![0u8; bytes];
+    }
+    let e = gguf_err(&p, "gptj-kquants");
+    assert_eq!(
+        e,
+        "unsupported architecture \"gptj\" (supported: llama, mistral, qwen2, smollm); \
+         unsupported tensor types: Q6_K (1 tensor: blk.0.ffn_up.weight), \
+         Q4_K (2 tensors, first blk.0.ffn_down.weight)"
     );
 }
 

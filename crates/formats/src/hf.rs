@@ -172,7 +172,13 @@ fn safetensor_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     })
 }
 
-fn load_safetensors(path: &Path, out: &mut HashMap<String, WeightTensor>) -> Result<()> {
+/// Maps one safetensors file's tensors into `out`; tensors of a type Tessera lacks go to
+/// `unsupported` as `(type, name)`, for one error naming them all.
+fn load_safetensors(
+    path: &Path,
+    out: &mut HashMap<String, WeightTensor>,
+    unsupported: &mut Vec<(String, String)>,
+) -> Result<()> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only map; the file must not change while the model is loaded.
     let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?);
@@ -188,10 +194,8 @@ fn load_safetensors(path: &Path, out: &mut HashMap<String, WeightTensor>) -> Res
             Dtype::F16 => DType::F16,
             Dtype::BF16 => DType::BF16,
             other => {
-                return Err(Error::UnsupportedTensorType {
-                    ty: format!("{other:?}"),
-                    name: hf_name,
-                })
+                unsupported.push((format!("{other:?}"), hf_name));
+                continue;
             }
         };
         let offset = view.data().as_ptr() as usize - base;
@@ -212,15 +216,30 @@ pub fn load_hf_folder(dir: &Path) -> Result<ModelFiles> {
     let cfg: HfConfig =
         serde_json::from_str(&read(&cfg_path)?).map_err(|e| json_err(&cfg_path, e))?;
     let model_type = cfg.model_type.clone().unwrap_or_default();
-    let arch = match model_type.as_str() {
-        "llama" | "mistral" => Arch::Llama,
-        "qwen2" => Arch::Qwen2,
-        _ => return Err(Error::UnknownArchitecture { arch: model_type }),
+    let known = match model_type.as_str() {
+        "llama" | "mistral" => Some(Arch::Llama),
+        "qwen2" => Some(Arch::Qwen2),
+        _ => None,
     };
     let mut tensors = HashMap::new();
+    let mut unsupported = Vec::new();
     for f in safetensor_files(dir)? {
-        load_safetensors(&f, &mut tensors)?;
+        load_safetensors(&f, &mut tensors, &mut unsupported)?;
     }
+    // An unknown architecture and every unsupported tensor type in one error.
+    let unsupported = tessera_core::group_unsupported(unsupported);
+    let arch = match known {
+        Some(a) if unsupported.is_empty() => a,
+        None if unsupported.is_empty() => {
+            return Err(Error::UnknownArchitecture { arch: model_type })
+        }
+        _ => {
+            return Err(Error::UnsupportedModel {
+                arch: known.is_none().then_some(model_type),
+                types: unsupported,
+            })
+        }
+    };
     let head_dim = cfg
         .head_dim
         .unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));

@@ -127,11 +127,46 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         .and_then(MetaValue::as_str)
         .ok_or_else(|| meta_err("general.architecture", "missing"))?
         .to_string();
-    let (arch, rope_style) = match arch_name.as_str() {
+    let known = match arch_name.as_str() {
         // convert_hf_to_gguf permutes llama q/k rows for interleaved-pair rotation.
-        "llama" | "mistral" => (Arch::Llama, RopeStyle::Interleaved),
-        "qwen2" => (Arch::Qwen2, RopeStyle::Neox),
-        _ => return Err(Error::UnknownArchitecture { arch: arch_name }),
+        "llama" | "mistral" => Some((Arch::Llama, RopeStyle::Interleaved)),
+        "qwen2" => Some((Arch::Qwen2, RopeStyle::Neox)),
+        _ => None,
+    };
+    // Every tensor of a supported file is used, so any unsupported type is fatal
+    // (`rope_freqs.weight` aside, which is read as f32 factors when present). All of them
+    // and an unknown architecture are named in one error.
+    let unsupported = tessera_core::group_unsupported(
+        f.tensors
+            .iter()
+            .filter(|info| {
+                tessera_core::DType::from_ggml_type(info.ggml_type).is_none()
+                    && info.name != "rope_freqs.weight"
+            })
+            .map(|info| {
+                (
+                    tessera_core::DType::ggml_type_name(info.ggml_type),
+                    info.name.clone(),
+                )
+            }),
+    );
+    let (arch, rope_style) = match known {
+        Some(k) if unsupported.is_empty() => k,
+        Some(_) => {
+            return Err(Error::UnsupportedModel {
+                arch: None,
+                types: unsupported,
+            })
+        }
+        None if unsupported.is_empty() => {
+            return Err(Error::UnknownArchitecture { arch: arch_name })
+        }
+        None => {
+            return Err(Error::UnsupportedModel {
+                arch: Some(arch_name),
+                types: unsupported,
+            })
+        }
     };
     let a = |k: &str| format!("{arch_name}.{k}");
     let hidden_size = get_usize(f, &a("embedding_length"))?;
@@ -155,20 +190,11 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         .iter()
         .filter_map(|info| match f.tensor(info) {
             Ok(t) => Some(Ok((info.name.clone(), t))),
-            // Reported below, naming the first such tensor.
+            // Only `rope_freqs.weight` can be left (the rest were reported above).
             Err(Error::UnsupportedTensorType { .. }) => None,
             Err(e) => Some(Err(e)),
         })
         .collect::<Result<_>>()?;
-    // Every tensor of a Llama-family file is used, so any unsupported type is fatal
-    // (`rope_freqs.weight` aside, which is read as f32 factors when present).
-    for info in &f.tensors {
-        if tessera_core::DType::from_ggml_type(info.ggml_type).is_none()
-            && info.name != "rope_freqs.weight"
-        {
-            return Err(f.tensor(info).unwrap_err());
-        }
-    }
     let vocab_size = match f.get(&a("vocab_size")) {
         Some(_) => get_usize(f, &a("vocab_size"))?,
         None => f

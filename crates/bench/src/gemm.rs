@@ -157,7 +157,7 @@ pub fn run_gemm(cfg: &GemmConfig) -> Result<()> {
     let units = pool.units();
     let planner = tessera_engine::tuning::load_planner();
     // The machine's figures first: loading OpenBLAS starts its threads, which compete with
-    // the FMA peak measurement for a while (it measured half the peak after the load).
+    // the FMA peak measurement for a while (right after the load it reads half the peak).
     let mach = measure_machine(&pool);
     let blas = OpenBlas::load(units);
     info(&format!(

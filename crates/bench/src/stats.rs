@@ -96,9 +96,9 @@ pub fn time_median<F: FnMut()>(rep: &Repeat, mut f: F) -> f64 {
 ///
 /// Each share starts with one untimed run. The cyclic order never changes, so without it a
 /// contender would always run right after the same other one and pay for that one's cache
-/// footprint in every round: in the twelfth round's sweep the planned plan always followed
-/// OpenBLAS, whose own f32 copy of a large weight pushed the planned plan's out of the last
-/// level cache, and its M = 1 figure read half that of the fixed strategies timed beside it.
+/// footprint in every round: a plan that always followed OpenBLAS, whose own f32 copy of a
+/// large weight pushes the plan's out of the last level cache, would read an M = 1 figure
+/// half that of the fixed strategies timed beside it.
 pub fn time_interleaved(
     rep: &Repeat,
     rounds: usize,

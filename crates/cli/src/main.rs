@@ -19,11 +19,11 @@ use tessera_tokenizer::ChatMessage;
 mod serve;
 mod simulate;
 
-/// mimalloc rather than glibc's malloc. Under glibc the same engine steps ran 5-8% slower
-/// after one workload than after another (docs/bench/step-budget.md, sitting of 2026-12-02);
-/// fixing glibc's mmap threshold removed the gap, and with mimalloc it is gone. glibc moves
-/// its mmap and trim thresholds with the allocation history, which is the likely cause
-/// (inferred from those experiments, not traced).
+/// mimalloc rather than glibc's malloc. Under glibc the same engine steps run 5-8% slower
+/// after one workload than after another (docs/bench/step-budget.md); fixing glibc's mmap
+/// threshold removes the gap, and with mimalloc it is gone. glibc moves its mmap and trim
+/// thresholds with the allocation history, which is the likely cause (inferred from those
+/// experiments, not traced).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

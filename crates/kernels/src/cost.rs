@@ -442,7 +442,7 @@ fn predict_outer_us(
     // units (the L3 is shared with the weights' traffic and other tenants) the packed rows
     // are re-read from DRAM. (Zen 4, 32 MiB L3, 512 × 4096 × 4096-11,008, 2 units: the N
     // split's two 8 MiB copies ran 0.86-0.91x the M split's two 4 MiB halves on all three
-    // dtypes; at M = 256 the two were level. Fifteenth round.)
+    // dtypes; at M = 256 the two were level.)
     let a_bw = if rows * kf * 4.0 * units > p.l3_bytes as f64 * 0.4 {
         p.dram_gbs / units
     } else {
@@ -453,7 +453,7 @@ fn predict_outer_us(
     // from L3 again for every `mc` block, and for the first one too when the strips alone
     // fill L2 (written back by the pack before they are read). At K = 4096, `mc` = 48
     // measured 1.2x `mc` = 24 with `nc` 128; at K = 11,008 one 1.4 MiB strip (`nc` 32) ran
-    // 3-12% ahead of `nc` 64-128, and `mc` 48-96 ahead of 24 (twelfth round).
+    // 3-12% ahead of `nc` 64-128, and `mc` 48-96 ahead of 24.
     let l2 = p.l2_bytes as f64;
     let b_block = nc * kf * 4.0;
     let b_ns = if b_block + a_block > l2 {

@@ -128,8 +128,8 @@ impl TunedPlan {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TuningCache {
     pub plans: HashMap<String, TunedPlan>,
-    /// Present in caches written before the eighteenth round: the machine profile `tessera
-    /// tune` measured and ranked its candidates with. Its contents are not read (its tile
+    /// Present in caches written by older versions: the machine profile `tessera tune`
+    /// measured and ranked its candidates with. Its contents are not read (its tile
     /// rates came from `calibrate::tile_rates`' small products, which the cost model's
     /// fitted rates do not mean: on the Zen 4 they rated the outer-product tile 0.7x the
     /// macro tile, which whole products run 1.1-1.2x faster at large M, so such a cache's
@@ -298,8 +298,8 @@ impl Planner {
                     let (mcs, ncs) = if outer {
                         // (`mc` past 96 keeps the block's lane sums, 512 bytes a row,
                         // out of L1: 512 × 4096 × 4096 f32 ran 0.8x of `mc` = 96.)
-                        // `nc` past 64 never won: in two sweeps (twelfth round, 204 rows)
-                        // every outer-tile oracle took `nc` 32 or 64, and at K = 1536 `nc`
+                        // `nc` past 64 never wins: in sweeps of 204 rows every
+                        // outer-tile oracle takes `nc` 32 or 64, and at K = 1536 `nc`
                         // 128 ran 1-10% behind 32 (its strips packed ahead, read from L2).
                         (ladder(m.min(96), &[24, 48]), ladder(n8.min(64), &[32]))
                     } else {

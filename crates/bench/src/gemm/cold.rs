@@ -25,9 +25,9 @@ pub const COLD_MAX_M: usize = 4;
 pub const COLD_ORACLE_MAX_M: usize = tessera_engine::cold_weights::STEP_COLD_MAX_M;
 
 /// Alternating passes of the product and of the read, or of the planned plan and the
-/// oracle (medians of each). Nine, not five, since the twenty-first round: on a host whose
-/// DRAM read swung 28-56 GB/s within one sweep, five passes judged 4 × 576 × 576 f32 at 0.89
-/// of its oracle cold where three direct interleaved timings put it at 1.00-1.06.
+/// oracle (medians of each). Nine, not five: on a host whose DRAM read swings 28-56 GB/s
+/// within one sweep, five passes judged 4 × 576 × 576 f32 at 0.89 of its oracle cold where
+/// three direct interleaved timings put it at 1.00-1.06.
 const PASSES: usize = 9;
 
 /// One cold measurement.

@@ -95,16 +95,13 @@ impl MachineProfile {
             ("f32dot", 1, 8, 51.2),
             ("f32dot", 4, 2, 58.8),
             ("f32dot", 1, 1, 21.2),
-            // The stream tiles rated by whole products (42.1, 48.6, 43.9, 54.0 before the
-            // thirteenth round): at M = 2-8, 576 × 576 to 4096 × 4096, 2 units, interleaved,
-            // they ran 1.2-1.4x (Q4_1 2 × 16) and 1.9-2.0x (Q8_0 2 × 16) their predicted time
-            // where the outer-product tile ran 0.83-0.95x its own (the twelfth round found the
-            // Q8_0 2 × 16 tile 1.7x at M = 8 too). `print_tile_rates` in the same session read
-            // the stream tiles at 0.5-0.8 of their old rates and the packed tiles at 0.8-1.0,
-            // one-unit whole products at M = 8 level with it for Q4_1 2 × 16 (38.5 against
-            // 37.9-39.1) and below it for Q8_0 (29.5 against 34.8-47.3). Two Q4_1 rows ran
-            // 1.6-1.7x one row (one unit, whole products), two Q8_0 rows 1.22-1.33x (twelfth
-            // round).
+            // The stream tiles are rated by whole products: rated 42.1, 48.6, 43.9 and 54.0
+            // instead, at M = 2-8, 576 × 576 to 4096 × 4096, 2 units, interleaved, they run
+            // 1.2-1.4x (Q4_1 2 × 16) and 1.9-2.0x (Q8_0 2 × 16) their predicted time where
+            // the outer-product tile runs 0.83-0.95x its own. One-unit whole products at
+            // M = 8 are level with `print_tile_rates` for Q4_1 2 × 16 (38.5 against
+            // 37.9-39.1) and below it for Q8_0 (29.5 against 34.8-47.3). Two Q4_1 rows run
+            // 1.6-1.7x one row (one unit, whole products), two Q8_0 rows 1.22-1.33x.
             ("f32stream16", 1, 16, 22.5),
             ("f32stream16", 2, 16, 36.0),
             ("f32stream16@q8_0", 1, 16, 24.4),
@@ -139,15 +136,15 @@ impl MachineProfile {
             l3_gbs: 120.0,
             dequant_elems_per_ns: 10.5,
             quant_elems_per_ns: 2.4,
-            // Whole products against the model, 2 units, interleaved (twelfth round): the
-            // 6 × 4 and 8 × 4 macro tiles ran 0.94-1.16x their prediction at K = 576,
+            // Whole products against the model, 2 units, interleaved, without it: the
+            // 6 × 4 and 8 × 4 macro tiles run 0.94-1.16x their prediction at K = 576,
             // 1.17-1.25x at K = 1536 and 1.37-1.56x at K = 4096, M = 16-128; the outer
             // tile 0.87-1.10x throughout.
             packed_k_slowdown: 0.15,
-            // Without it the macro tile at M = 8 ran 1.3-1.7x its prediction on Q4_1 and
-            // Q8_0 weights (576 × 576 to 4096 × 4096, 2 units, interleaved; thirteenth round)
-            // and 0.9x on f32 (a copy); 0.1 ns an element, as the outer tile's strips are
-            // charged, matched the difference within 10%.
+            // Without it the macro tile at M = 8 runs 1.3-1.7x its prediction on Q4_1 and
+            // Q8_0 weights (576 × 576 to 4096 × 4096, 2 units, interleaved) and 0.9x on f32
+            // (a copy); 0.1 ns an element, as the outer tile's strips are charged, matches
+            // the difference within 10%.
             packed_quant_pack_ns: 0.1,
             outer_strip_pack_ns: super::default_outer_strip_pack_ns(),
             outer_record_strip_ns: None,
@@ -163,8 +160,7 @@ impl MachineProfile {
     /// peak per cycle as AVX2, 32 KiB L1d, 1 MiB L2 per core, 32 MiB L3), by
     /// `calibrate::measure_profile` (`print_profile`, `print_tile_rates`), the mean of two
     /// quiet runs, rounded (the AVX2 f32 stream tiles ordered as the sweeps found them);
-    /// the outer-product tile and the macro tile's K slowdown fitted to whole products
-    /// (fourteenth round).
+    /// the outer-product tile and the macro tile's K slowdown fitted to whole products.
     pub fn zen4_default(cpu: &str) -> Self {
         let tiles = [
             ("f32dot", 1, 4, 36.0),
@@ -175,14 +171,13 @@ impl MachineProfile {
             ("f32dot", 1, 8, 42.0),
             ("f32dot", 4, 2, 55.0),
             ("f32dot", 1, 1, 14.0),
-            // The stream kernel after its shift-and-select decode and far prefetch
-            // (`print_tile_rates`, the mean of two quiet runs). The Q4_1 2 × 16 tile was
-            // 64.2: whole products at M = 8-16, K 1536-11,008, 2 units, ran 1.09-1.18x the
-            // time that predicted (fourteenth round; `print_tile_rates` read 57-63). The
-            // twenty-first round's decodes by the exponent field scaled these by the ratio
-            // `print_tile_rates` read (three alternations, before → after): Q4_1 1 × 16
-            // 48.0 → 49.3 (from 37.4), 2 × 16 69.3 → 74.3 (from 57.0); Q8_0 1 × 16 41.3 →
-            // 48.3 (from 38.8), 2 × 16 37.8 → 39.9 (from 34.3).
+            // The stream kernel with its shift-and-select decode and far prefetch
+            // (`print_tile_rates`, the mean of two quiet runs), except the Q4_1 2 × 16 tile,
+            // fitted to whole products: rated 64.2, those at M = 8-16, K 1536-11,008, 2
+            // units, ran 1.09-1.18x the predicted time. The decodes by the exponent field
+            // scale each rate by the ratio `print_tile_rates` reads with them to without
+            // (three alternations): Q4_1 1 × 16 48.0 → 49.3, 2 × 16 69.3 → 74.3; Q8_0
+            // 1 × 16 41.3 → 48.3, 2 × 16 37.8 → 39.9.
             ("f32stream16", 1, 16, 38.4),
             ("f32stream16", 2, 16, 61.1),
             ("f32stream16@q8_0", 1, 16, 45.4),
@@ -198,11 +193,11 @@ impl MachineProfile {
             ("f32packed16", 6, 4, 100.0),
             ("f32packed16", 4, 4, 93.0),
             ("f32packed16", 8, 2, 58.0),
-            // The outer-product tile (`x86::avx512_outer`), first rated here in the
-            // fourteenth round (unrated, the fallback estimate ranked it last): 105-111 alone
-            // on L1 data (`time_outer_tile`, one-unit peak 115), 85-93 in
-            // `print_tile_rates`' small product. Whole products, 2 units, against the macro
-            // tile the profile chose: 1.07-1.52x at M = 16-512 and K 1536-11,008 (all three
+            // The outer-product tile (`x86::avx512_outer`), rated here because unrated the
+            // fallback estimate ranks it last: 105-111 alone on L1 data (`time_outer_tile`,
+            // one-unit peak 115), 85-93 in `print_tile_rates`' small product. Whole
+            // products, 2 units, against the macro tile the profile would choose without it:
+            // 1.07-1.52x at M = 16-512 and K 1536-11,008 (all three
             // dtypes), 0.94-0.98x at K = 576 (M = 512), where this rating keeps the macro
             // tile; 100 predicts them within 0.92-1.17 (the strips charged as below).
             ("f32packed16", 12, 32, 100.0),
@@ -221,9 +216,8 @@ impl MachineProfile {
             l3_gbs: 120.0,
             dequant_elems_per_ns: 7.5,
             quant_elems_per_ns: 1.96,
-            // The 6 × 4 macro tile at M = 512, 2 units (fourteenth round): 0.95x its
-            // prediction at K = 576, 1.10x at K = 1536, 1.12-1.14x at K = 4096, 1.29x at
-            // K = 11,008.
+            // The 6 × 4 macro tile at M = 512, 2 units: 0.95x its prediction at K = 576,
+            // 1.10x at K = 1536, 1.12-1.14x at K = 4096, 1.29x at K = 11,008.
             packed_k_slowdown: 0.07,
             packed_quant_pack_ns: 0.0,
             // The outer tile's whole products at M = 8-64 (Q4_1, Q8_0; 2 units) fit
@@ -232,9 +226,9 @@ impl MachineProfile {
             // M = 16.
             outer_strip_pack_ns: 0.03,
             // Strips decoded straight from the records, with the next block hinted into
-            // L2 (`exact::ahead`): 8-64 × 576 × 1536 Q4_1 from DRAM ran 1.02-1.21x the
+            // L2 (`exact::ahead`): 8-64 × 576 × 1536 Q4_1 from DRAM runs 1.02-1.21x the
             // macro and stream tiles, about 0.05-0.075 ns a weight beyond the tile's FMAs;
-            // 8- and 16-client serving 1.02-1.12x with it (seventeenth round).
+            // 8- and 16-client serving runs 1.02-1.12x with it.
             outer_record_strip_ns: Some(0.06),
             dispatch_us: 0.44,
             l1_bytes: 32 << 10,
@@ -251,9 +245,8 @@ impl MachineProfile {
             cpu: cpu.to_string(),
             f32_gflops_per_core: 40.0,
             q8_gflops_per_core: 63.0,
-            // `bench gemm` and `print_profile` on the Zen3, 2026-12-02: 18-23 GB/s (the
-            // figure of the first profile, 12.5, predates the far prefetch of the record
-            // kernels).
+            // `bench gemm` and `print_profile` on the Zen3 read 18-23 GB/s with the record
+            // kernels' far prefetch.
             dram_gbs: 22.0,
             l2_gbs_per_core: 100.0,
             l3_gbs: 120.0,
@@ -280,7 +273,7 @@ impl MachineProfile {
                 // The stream kernel on the repack (`x86::avx2_records`, activation rows
                 // expanded), Q4_1 and Q8_0, and on stored f32 rows (`x86::avx2_exact`):
                 // `print_tile_rates`, the mean of four runs on a noisy host (±20% between
-                // sittings, the order of the tiles the same in each).
+                // runs, the order of the tiles the same in each).
                 ("f32stream", 1, 8, 24.7),
                 ("f32stream", 2, 8, 35.6),
                 ("f32stream", 3, 8, 36.3),

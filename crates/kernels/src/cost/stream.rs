@@ -41,10 +41,9 @@ pub(super) fn predict_stream_us(
     let streams = if nr == 1 { 0.7 } else { 1.0 };
     // Short tiles read slower from DRAM. The model reads a unit's weights from DRAM once
     // they pass half its L2, as a model step does (its weights pass L3 between one use and
-    // the next); until the twentieth round this share applied only past L3, because from
-    // L3 the 1x4 had run level with the 1x8 or up to 4% ahead, and the planner kept the
-    // 1x4 at 1 × 576 × 576 and 1 × 576 × 1536 f32, where it ran 0.78-0.80 of the 1x8 from
-    // DRAM.
+    // the next). From L3 the 1x4 runs level with the 1x8 or up to 4% ahead, but charging
+    // the share only past L3 would keep the 1x4 at 1 × 576 × 576 and 1 × 576 × 1536 f32,
+    // where it runs 0.78-0.80 of the 1x8 from DRAM.
     let share = if first_read_from_dram(p, weight_bytes) {
         short_tile_share(dtype, mr, nr, kf)
     } else {
@@ -66,8 +65,8 @@ pub(super) fn predict_stream_us(
     if first_read_from_dram(p, weight_bytes) && block_in_l2 && tiles_m > 1.0 {
         // Weights from DRAM, each `nc` block re-read from L2 by the later row tiles: only
         // the first tile's pass overlaps the DRAM read (its far prefetch); the later passes
-        // run on cached rows at the FMAs' pace, after it. (One sum over the passes ran 8 ×
-        // 1536 × 576 f32 at 1.55x its prediction from DRAM on the 3 × 2 tile, Zen 4.)
+        // run on cached rows at the FMAs' pace, after it. (One sum over the passes predicts
+        // 8 × 1536 × 576 f32 from DRAM on the 3 × 2 tile 1.55x too fast, Zen 4.)
         let first_rows = rows.min(mr);
         let compute_first = 2.0 * first_rows as f64 * nn * kf / rate_of(first_rows);
         let later = (compute_ns - compute_first).max(reread_ns);

@@ -2,7 +2,7 @@
 //! The outer-product tile (`outer`) decodes an `nc` block of strips in a phase of its own
 //! before its tiles run; from DRAM (a model's step) that phase waits on memory unless the
 //! block was hinted into L2 while the previous block computed. (The macro tile, `packed`,
-//! hinted the same way, ran level or up to 7% slower, warm and cold, Zen 4: not used there.)
+//! hinted the same way, runs level or up to 7% slower, warm and cold, Zen 4: not used there.)
 
 use std::ops::Range;
 
@@ -39,8 +39,8 @@ pub(super) struct Ahead<'a> {
 impl<'a> Ahead<'a> {
     /// Hints for weight rows `next` (the next `nc` block, empty when there is none) over
     /// `steps` calls; none when they pass an eighth of L2: larger blocks (f32 strips, K =
-    /// 11,008 on Q8_0) evicted the current block's strips and ran 1-8% slower (outer tile,
-    /// Zen 4, seventeenth round).
+    /// 11,008 on Q8_0) evict the current block's strips and run 1-8% slower (outer tile,
+    /// Zen 4).
     pub(super) fn next_block(w: &'a GemmWeight, next: Range<usize>, steps: usize) -> Self {
         let bytes = weight_bytes(w, next);
         let bytes = if bytes.len() <= l2_bytes() / 8 {

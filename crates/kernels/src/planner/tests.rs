@@ -229,8 +229,8 @@ fn a_tuned_record_gives_back_its_plan() {
 /// The outer tile's strips decoded straight from the records (Zen 4 profile: 0.06 ns a
 /// weight, where the decode rate and the strip charge made 0.16): with the next block's
 /// records hinted into L2 it ran 8-64-row Q4_1 products at K = 576 1.02-1.21x the macro
-/// and stream tiles from DRAM (seventeenth round), so it takes them; M = 4 stays on the
-/// stream tile. A profile without the field keeps the old charge.
+/// and stream tiles from DRAM, so it takes them; M = 4 stays on the stream tile. A profile
+/// without the field keeps the old charge.
 #[test]
 fn record_strips_put_quantized_m8_to_64_on_the_outer_tile() {
     let zen4 = MachineProfile::zen4_default("test");

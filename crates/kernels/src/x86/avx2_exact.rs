@@ -277,10 +277,10 @@ pub unsafe fn stream_tile<const DT: u8, const MR: usize, const NR: usize>(
     // Rows of one tensor are contiguous, so `w[n] + j · NR · row` is row `n` of the tile
     // `j` ahead: fetch the first tile at least 16 KiB ahead (a hint that never faults;
     // wrapping arithmetic, no deref), every 64-byte line of the group. (An f32 group is two
-    // lines; hinting only its first left a cold f32 GEMV at 0.76-0.86 of a plain read of
-    // its bytes, 0.90-1.02 with both: Zen 4, 2 units, M = 1 on the 7B shapes, 4
-    // alternations of the binaries. One tile ahead is 9 KiB at K = 576 on a 1x4 tile: 16
-    // KiB ran 1 × 576 × 49,152 f32 from DRAM 3-10% faster, three alternations.)
+    // lines; hinting only its first leaves a cold f32 GEMV at 0.76-0.86 of a plain read of
+    // its bytes, 0.90-1.02 with both: Zen 4, 2 units, M = 1 on the 7B shapes. One tile
+    // ahead is 9 KiB at K = 576 on a 1x4 tile: 16 KiB runs 1 × 576 × 49,152 f32 from DRAM
+    // 3-10% faster.)
     let tile = NR * (k / 32) * group_bytes(DT);
     let ahead = tile * 16384usize.div_ceil(tile.max(1));
     for b in 0..groups {

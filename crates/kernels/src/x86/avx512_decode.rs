@@ -24,8 +24,8 @@
 //!   `C = −(2^e + 8)·d`, exact, is the reference's product rounded once. A byte's two
 //!   nibbles (at bits `8j` and `8j + 4` of a row's dword) are placed by one shift at bits 15
 //!   and 19, the mantissa fields of `F = 256 + q` (`e = 8`) and `F = 16 + q` (`e = 4`), each
-//!   with its own `C`: half a shift per weight vector instead of one (Emerald Rapids Xeon,
-//!   one unit, Q4_1 at M = 1 when it decoded this way: +7-10%, paired runs). These need
+//!   with its own `C`: half a shift per weight vector instead of one (+7-10% for Q4_1
+//!   decoded this way at M = 1, one unit of an Emerald Rapids Xeon). These need
 //!   `d > 0` and finite (then an exact zero comes out `+0`, as the reference's `q·d` with
 //!   `q = 0` and `d > 0`).
 //!
@@ -185,9 +185,9 @@ impl Consts {
     }
 
     /// `F` from a shifted dword: its `field` bits kept, the rest cleared, the exponent
-    /// `magic` set. One single-cycle ternary-logic operation. (Zen 4 measured: a masked
-    /// byte shuffle, or a rotate, per vector in place of the shift ran this loop at 55% of
-    /// the speed: both compete with the FMAs for a pipe.)
+    /// `magic` set. One single-cycle ternary-logic operation. (On Zen 4 a masked byte
+    /// shuffle, or a rotate, per vector in place of the shift runs this loop at 55% of the
+    /// speed: both compete with the FMAs for a pipe.)
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn float_in(r: __m512i, magic: __m512i, field: __m512i) -> __m512 {
@@ -336,9 +336,9 @@ unsafe fn magic_q4<const DT: u8, const MR: usize, const FUSED: bool>(
         // at bit 8j and the high one (ch ≥ 2) at 8j + 4: one shift places them at bits 15
         // and 19, the fields of `F = 256 + q` and `F = 16 + q`, each with its own `C`.
         // Accumulator 4half + j takes chunks 0, 1, 2, 3 in that order, one accumulator's
-        // four chunks in a row. (Alternating the two halves' chains measured 1-3% faster
-        // on the Emerald Rapids Xeon but 0.65-0.7x on the Zen 4, at M = 1 on the SmolLM2
-        // shapes: Q4_1 44-53 GFLOP/s against 70-83, alternated binaries, fifteenth round.)
+        // four chunks in a row. (Alternating the two halves' chains runs 1-3% faster on
+        // the Emerald Rapids Xeon but 0.65-0.7x on the Zen 4, at M = 1 on the SmolLM2
+        // shapes.)
         for half in 0..2 {
             for j in 0..4 {
                 let p = 8 * j as u32;
@@ -441,9 +441,9 @@ unsafe fn block_q4<const DT: u8, const MR: usize>(
 /// `d = 2^-5`), `F · D + C` is `b·d − 128·d = q·d` exactly, a float (8 bits times 11), so the
 /// FMA's rounding keeps it: the reference's `d · q`, `+0` for `q = 0` as `d > 0` gives.
 /// Per vector a shift (none for byte 2, in place already) and an AND beside the two FMAs,
-/// where the magic exponent's ternary-logic op took a third FMA-pipe slot (Zen 4, one
-/// unit, M = 1 on the SmolLM2 shapes: 40-42 → 47-49 GFLOP/s; two units from DRAM on the
-/// 7B shapes +10-25%).
+/// where the magic exponent's ternary-logic op takes a third FMA-pipe slot (Zen 4, one
+/// unit, M = 1 on the SmolLM2 shapes: 47-49 GFLOP/s against 40-42 with it; two units from
+/// DRAM on the 7B shapes +10-25%).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
 unsafe fn subnormal_q8_0(out: &mut impl Sink, r0: *const u8, r1: *const u8, d: __m512, e0: usize) {

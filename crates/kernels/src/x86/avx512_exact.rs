@@ -26,13 +26,13 @@ use super::avx512_decode::{block16, Consts, Sink};
 
 /// How far ahead of each record stream [`stream16`] prefetches into L2. Weights streamed
 /// from DRAM (a decode step reads the whole model, 3x this VM's L3) wait on memory latency
-/// with only the near (4-record) hint: Zen 4, SmolLM2-135M exact decode, medians of 3,
-/// 1 unit 67-75 tok/s with the near hint alone, 83-89 with a 4 KiB far hint, 104-111 with
-/// 8-16 KiB, 105 with 32 KiB; 2 units 115-125 before, 145-185 with 12-16 KiB. Past a
-/// group's end the hint once landed in the call's other group, already being read, so the
-/// first 12 KiB of every second group went unfetched: sending it to the next call's group
-/// instead ran a cold 4096 × 11,008 Q4_1 GEMV 3-4% faster (Emerald Rapids Xeon, 2 units,
-/// 15 alternating passes over 600 MiB of copies); 4-32 KiB distances ran level there.
+/// with only the near (4-record) hint: Zen 4, SmolLM2-135M exact decode, 1 unit 67-75
+/// tok/s with the near hint alone, 83-89 with a 4 KiB far hint, 104-111 with 8-16 KiB, 105
+/// with 32 KiB; 2 units 115-125 with the near hint alone, 145-185 with 12-16 KiB. Past a
+/// group's end the hint goes to the next call's group: in the call's other group, already
+/// being read, it would leave the first 12 KiB of every second group unfetched, and a cold
+/// 4096 × 11,008 Q4_1 GEMV runs 3-4% faster this way (Emerald Rapids Xeon, 2 units, where
+/// 4-32 KiB distances run level).
 const FAR_PREFETCH: usize = 12 << 10;
 /// Bytes of one record (8 rows × 32 elements) and the offsets of its d and m (`crate::packed`).
 pub const fn record_geometry(dt: u8) -> (usize, usize, usize) {

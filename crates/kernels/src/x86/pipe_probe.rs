@@ -2,11 +2,11 @@
 //! beside AVX-512 FMAs on this CPU, and which take the FMAs' pipe slots. Each line times a
 //! register-only loop (no memory but an L1-resident broadcast operand) of independent
 //! operations and prints nanoseconds per iteration beside the FMA-only loop, so a kernel's
-//! operation mix can be judged before it is written. The nineteenth round chose Q4_1's
-//! decode with it (`avx512_decode::subnormal_q4_1`: a shift and an AND issue beside the
-//! FMAs on Zen 4, the magic exponent's ternary-logic op does not). The twenty-second found
-//! that mix (per 8 weight vectors 16 FMAs, 8 ANDs, 7 shifts) at the FMAs' bound in registers,
-//! and GFNI's affine op taking FMA slots (1.5x), so no decode of fewer FMA-pipe operations.
+//! operation mix can be judged before it is written. Q4_1's decode
+//! (`avx512_decode::subnormal_q4_1`) is built on what it shows on Zen 4: a shift and an AND
+//! issue beside the FMAs, the magic exponent's ternary-logic op does not. That mix (per 8
+//! weight vectors 16 FMAs, 8 ANDs, 7 shifts) runs at the FMAs' bound in registers, and
+//! GFNI's affine op takes FMA slots (1.5x), so no decode of fewer FMA-pipe operations exists.
 //!
 //! `cargo test --release -p tessera-kernels --lib pipe_probe -- --ignored --nocapture`
 
@@ -162,7 +162,7 @@ mod tests {
             "vfmadd231ps zmm2, zmm16, zmm17\nvfmadd231ps zmm6, zmm18, dword ptr [{q} + 24]{{1to16}}\nvpandd zmm10, zmm18, zmm17\nvpslld zmm14, zmm18, 4\n",
             "vfmadd231ps zmm3, zmm16, zmm17\nvfmadd231ps zmm7, zmm18, dword ptr [{q} + 28]{{1to16}}\nvpandd zmm11, zmm18, zmm17\n"));
         // GFNI's byte-wise affine map (one op could move a nibble and clear the rest of
-        // its byte): Zen 4, twenty-second round: 1.5x the 8 FMAs, it takes their pipes.
+        // its byte): on Zen 4 it runs 1.5x the 8 FMAs' time, as it takes their pipes.
         if std::arch::is_x86_feature_detected!("gfni") {
             probe!(
                 "8 FMA + 4 vgf2p8affineqb",

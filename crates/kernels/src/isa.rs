@@ -129,20 +129,7 @@ pub fn avx512_request() -> (bool, bool) {
 /// Whether the CPU is AMD's (the vendor string of CPUID leaf 0): its AVX-512 (Zen 4) runs
 /// 512-bit operations on 256-bit units, so its built-in cost profile differs from Intel's.
 pub fn cpu_is_amd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU (`__cpuid` is a safe function on
-        // newer toolchains, an unsafe one on older ones).
-        #[allow(unused_unsafe)]
-        let r = unsafe { std::arch::x86_64::__cpuid(0) };
-        let mut v = [0u8; 12];
-        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
-        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
-        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
-        &v == b"AuthenticAMD"
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::variants::CpuClass::detect().is_amd()
 }
 
 /// Whether the exact family's AVX-512 kernels run in this process: they may

@@ -325,20 +325,34 @@ struct Entry {
 type CacheFile = std::collections::BTreeMap<String, Entry>;
 
 fn read_cache(path: &std::path::Path) -> Result<CacheFile, String> {
+    read_json(path)
+}
+
+fn write_cache(path: &std::path::Path, file: &CacheFile) -> Result<(), String> {
+    write_json(path, file)
+}
+
+/// A JSON cache file's contents; a missing file is the empty value. Shared by the variant
+/// cache and the measured cost profiles (`crate::cost::measured`).
+pub(crate) fn read_json<T: serde::de::DeserializeOwned + Default>(
+    path: &std::path::Path,
+) -> Result<T, String> {
     match std::fs::read_to_string(path) {
         Ok(s) => serde_json::from_str(&s).map_err(|e| format!("{}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(CacheFile::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }
 }
 
-fn write_cache(path: &std::path::Path, file: &CacheFile) -> Result<(), String> {
+/// Writes a JSON cache file whole (a temporary file renamed over it, so a reader never sees
+/// half of one).
+pub(crate) fn write_json<T: Serialize>(path: &std::path::Path, value: &T) -> Result<(), String> {
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).map_err(err)?;
     }
     let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-    let s = serde_json::to_string_pretty(file).expect("variant cache serialises");
+    let s = serde_json::to_string_pretty(value).expect("a cache serialises");
     std::fs::write(&tmp, s).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
 }

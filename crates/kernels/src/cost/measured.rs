@@ -40,22 +40,10 @@ fn key(class: &CpuClass) -> String {
 }
 
 fn read(path: &Path) -> BTreeMap<String, Entry> {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or_default()
-}
-
-fn write(path: &Path, file: &BTreeMap<String, Entry>) -> std::io::Result<()> {
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-    std::fs::write(
-        &tmp,
-        serde_json::to_string_pretty(file).expect("profiles serialise"),
-    )?;
-    std::fs::rename(&tmp, path)
+    crate::variants::read_json(path).unwrap_or_else(|e| {
+        eprintln!("warning: cost profile cache {e}; measuring again");
+        BTreeMap::new()
+    })
 }
 
 /// `base`'s tiles at the level `measured` found: each kernel family's rates scaled by the
@@ -151,8 +139,8 @@ pub fn profile() -> Option<&'static MachineProfile> {
                         profile: p.clone(),
                     },
                 );
-                if let Err(e) = write(&path, &file) {
-                    eprintln!("warning: cost profile cache {}: {e}", path.display());
+                if let Err(e) = crate::variants::write_json(&path, &file) {
+                    eprintln!("warning: cost profile cache {e}");
                 }
                 Some(p)
             }

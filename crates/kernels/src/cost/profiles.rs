@@ -40,21 +40,25 @@ impl MachineProfile {
     pub fn default_for(cpu: &str) -> Self {
         let class = crate::variants::CpuClass::detect();
         let builtin = builtin_for_class(&class, crate::isa::avx512_exact());
-        let mut p = match builtin {
-            Some(b) => Self::builtin(b, cpu),
+        match builtin {
+            Some(b) => Self::builtin(b, cpu).with_system_caches(),
             None => match super::measured::profile() {
                 Some(m) => {
                     let mut m = m.clone();
                     m.cpu = cpu.to_string();
-                    m
+                    m.with_system_caches()
                 }
                 None => Self::nearest_builtin(cpu),
             },
-        };
-        p.l1_bytes = crate::calibrate::cache_bytes("L1", p.l1_bytes);
-        p.l2_bytes = crate::calibrate::cache_bytes("L2", p.l2_bytes);
-        p.l3_bytes = crate::calibrate::cache_bytes("L3", p.l3_bytes);
-        p
+        }
+    }
+
+    /// Cache sizes from the system where it tells them.
+    fn with_system_caches(mut self) -> Self {
+        self.l1_bytes = crate::calibrate::cache_bytes("L1", self.l1_bytes);
+        self.l2_bytes = crate::calibrate::cache_bytes("L2", self.l2_bytes);
+        self.l3_bytes = crate::calibrate::cache_bytes("L3", self.l3_bytes);
+        self
     }
 
     /// One built-in profile.
@@ -72,15 +76,12 @@ impl MachineProfile {
     /// measured profile starts from (its fitted terms stay; every measured figure replaces
     /// its own), and what `TESSERA_KERNEL_CHECK=skip` takes on a class without a profile.
     pub fn nearest_builtin(cpu: &str) -> Self {
-        let mut p = match (crate::isa::avx512_exact(), crate::isa::cpu_is_amd()) {
+        let p = match (crate::isa::avx512_exact(), crate::isa::cpu_is_amd()) {
             (true, true) => Self::zen4_default(cpu),
             (true, false) => Self::avx512_default(cpu),
             (false, _) => Self::avx2_default(cpu),
         };
-        p.l1_bytes = crate::calibrate::cache_bytes("L1", p.l1_bytes);
-        p.l2_bytes = crate::calibrate::cache_bytes("L2", p.l2_bytes);
-        p.l3_bytes = crate::calibrate::cache_bytes("L3", p.l3_bytes);
-        p
+        p.with_system_caches()
     }
 
     /// Measured on 2 vCPUs of an Intel Xeon with AVX-512 (F/BW/DQ/VL/VNNI, 2 MiB L2 per

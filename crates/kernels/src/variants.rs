@@ -14,8 +14,8 @@
 //!
 //! `TESSERA_KERNEL_CHECK` steers it: unset or `auto` (the cached result, else measure and
 //! cache), `remeasure` (measure again and replace the cached result), `skip` (measure
-//! nothing: the cached result if there is one, else every supported variant on AMD and the
-//! portable decodes elsewhere, [`unmeasured_default`]). `TESSERA_ISA=avx2` or `generic` turns
+//! nothing: the cached result if there is one, else no variant, only the portable twins: a
+//! variant never runs on a CPU class where it was not measured). `TESSERA_ISA=avx2` or `generic` turns
 //! the AVX-512 kernels off, `TESSERA_ISA=avx512` on, whatever was measured. Whichever variant
 //! runs, every result is bitwise the same (the kernels' tests check it), so the choice
 //! changes speed only.
@@ -156,19 +156,6 @@ pub fn decide(supported: VariantSet, timings: &[Timing]) -> VariantSet {
         chosen = VariantSet::NONE;
     }
     chosen
-}
-
-/// What `TESSERA_KERNEL_CHECK=skip` takes where nothing is cached: every supported variant
-/// on AMD (Zen 4 runs subnormal operands at full speed), the AVX-512 kernels with the
-/// general decodes elsewhere (Intel's cores take a microcode assist per subnormal operand).
-pub fn unmeasured_default(supported: VariantSet, amd: bool) -> VariantSet {
-    if amd {
-        supported
-    } else {
-        supported
-            .with(Variant::LowFieldQ4_1, false)
-            .with(Variant::LowFieldQ8_0, false)
-    }
 }
 
 /// A CPU class: what a measured choice is kept for.
@@ -380,7 +367,7 @@ impl CheckMode {
 
 /// Makes the choice for a CPU class: the cached timings where they are for this class and
 /// kernel set (and `mode` is not `Remeasure`), else `measure()` (cached after), or with
-/// `Skip` and nothing cached, [`unmeasured_default`]. `cache` is `None` where no file may be
+/// `Skip` and nothing cached, no variant (never one unmeasured on this class). `cache` is `None` where no file may be
 /// read or written.
 pub fn select(
     class: CpuClass,
@@ -426,7 +413,7 @@ pub fn select(
             sel.source = Source::Cached;
         }
         (CheckMode::Skip, None) => {
-            sel.chosen = unmeasured_default(supported, sel.class.is_amd());
+            sel.chosen = VariantSet::NONE;
             sel.source = Source::Unmeasured;
             return sel;
         }

@@ -1,11 +1,17 @@
 //! Element formats a weight tensor may be stored in.
 //!
-//! Block-quantized formats follow ggml's definitions (`ggml-common.h`): 32 weights a block,
-//! an f16 scale (and for Q4_1 an f16 minimum) in front of the packed quants.
+//! Block-quantized formats follow ggml's definitions (`ggml-common.h`): Q4_0, Q4_1, Q5_0,
+//! Q5_1, Q8_0 and IQ4_NL hold 32 weights a block, the K-quants (Q2_K … Q6_K, Q8_K) and IQ4_XS
+//! 256 (a super-block of 16 or 32-weight sub-blocks with their own scales). Q4_0, Q4_1 and
+//! Q8_0 have their block structs in [`crate::blocks`]; the others are decoded by
+//! [`crate::ggml_quants`], bitwise as ggml's reference.
 
 use std::fmt;
 
+use crate::ggml_quants::GgmlQuant;
+
 /// How a tensor's elements are stored.
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -14,14 +20,70 @@ pub enum DType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    Q8_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 impl DType {
+    /// Every format, plain floats first.
+    pub const ALL: [DType; 16] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::Q8_K,
+        DType::IQ4_NL,
+        DType::IQ4_XS,
+    ];
+
+    /// The block-quantized formats decoded by [`crate::ggml_quants`].
+    pub const fn ggml_quant(self) -> Option<GgmlQuant> {
+        Some(match self {
+            DType::Q5_0 => GgmlQuant::Q5_0,
+            DType::Q5_1 => GgmlQuant::Q5_1,
+            DType::Q2_K => GgmlQuant::Q2_K,
+            DType::Q3_K => GgmlQuant::Q3_K,
+            DType::Q4_K => GgmlQuant::Q4_K,
+            DType::Q5_K => GgmlQuant::Q5_K,
+            DType::Q6_K => GgmlQuant::Q6_K,
+            DType::Q8_K => GgmlQuant::Q8_K,
+            DType::IQ4_NL => GgmlQuant::IQ4_NL,
+            DType::IQ4_XS => GgmlQuant::IQ4_XS,
+            _ => return None,
+        })
+    }
+
+    /// Whether blocks are 256-weight super-blocks (the K-quants and IQ4_XS).
+    pub const fn is_super_block(self) -> bool {
+        self.block_len() == crate::ggml_quants::QK_K
+    }
+
     /// Elements per storage block (1 for plain floats).
     pub const fn block_len(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => crate::blocks::QK,
+            _ => match self.ggml_quant() {
+                Some(q) => q.block_len(),
+                None => 1,
+            },
         }
     }
 
@@ -33,6 +95,10 @@ impl DType {
             DType::Q8_0 => std::mem::size_of::<crate::BlockQ8_0>(),
             DType::Q4_0 => std::mem::size_of::<crate::BlockQ4_0>(),
             DType::Q4_1 => std::mem::size_of::<crate::BlockQ4_1>(),
+            _ => match self.ggml_quant() {
+                Some(q) => q.block_bytes(),
+                None => 0,
+            },
         }
     }
 
@@ -58,6 +124,10 @@ impl DType {
             DType::Q4_1 => 3,
             DType::Q8_0 => 8,
             DType::BF16 => 30,
+            _ => match self.ggml_quant() {
+                Some(q) => q.ggml_type(),
+                None => u32::MAX,
+            },
         }
     }
 
@@ -70,6 +140,16 @@ impl DType {
             3 => DType::Q4_1,
             8 => DType::Q8_0,
             30 => DType::BF16,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
+            10 => DType::Q2_K,
+            11 => DType::Q3_K,
+            12 => DType::Q4_K,
+            13 => DType::Q5_K,
+            14 => DType::Q6_K,
+            15 => DType::Q8_K,
+            20 => DType::IQ4_NL,
+            23 => DType::IQ4_XS,
             _ => return None,
         })
     }
@@ -126,15 +206,8 @@ impl DType {
 
     /// Parses a user-facing name such as `q4_1` or `bf16`.
     pub fn parse(s: &str) -> Option<DType> {
-        Some(match s.to_ascii_lowercase().as_str() {
-            "f32" => DType::F32,
-            "f16" => DType::F16,
-            "bf16" => DType::BF16,
-            "q8_0" => DType::Q8_0,
-            "q4_0" => DType::Q4_0,
-            "q4_1" => DType::Q4_1,
-            _ => return None,
-        })
+        let s = s.to_ascii_uppercase();
+        DType::ALL.into_iter().find(|d| d.to_string() == s)
     }
 }
 
@@ -147,6 +220,16 @@ impl fmt::Display for DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q2_K => "Q2_K",
+            DType::Q3_K => "Q3_K",
+            DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
+            DType::Q6_K => "Q6_K",
+            DType::Q8_K => "Q8_K",
+            DType::IQ4_NL => "IQ4_NL",
+            DType::IQ4_XS => "IQ4_XS",
         };
         f.write_str(s)
     }
@@ -158,19 +241,18 @@ mod tests {
 
     #[test]
     fn ggml_ids_round_trip() {
-        for d in [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-        ] {
+        for d in DType::ALL {
             assert_eq!(DType::from_ggml_type(d.ggml_type()), Some(d));
             assert_eq!(DType::parse(&d.to_string()), Some(d));
+            assert_eq!(DType::parse(&d.to_string().to_lowercase()), Some(d));
+            assert_eq!(DType::ggml_type_name(d.ggml_type()), d.to_string());
         }
-        assert_eq!(DType::from_ggml_type(12), None);
-        assert_eq!(DType::ggml_type_name(12), "Q4_K");
+        assert_eq!(DType::from_ggml_type(16), None);
+        assert_eq!(DType::ggml_type_name(16), "IQ2_XXS");
+        assert_eq!(DType::Q4_K.block_len(), 256);
+        assert_eq!(DType::Q4_K.block_bytes(), 144);
+        assert_eq!(DType::Q6_K.block_bytes(), 210);
+        assert_eq!(DType::Q5_0.block_bytes(), 22);
     }
 
     #[test]

@@ -14,6 +14,9 @@
 
 use half::f16;
 
+mod encode;
+pub use encode::quantize_row;
+
 /// Weights per super-block of the K-quants and IQ4_XS.
 pub const QK_K: usize = 256;
 

@@ -306,6 +306,13 @@ pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
                 b.dequantize(o)
             }
         }
+        _ => {
+            let q = dtype
+                .ggml_quant()
+                .expect("every other format is a ggml quant");
+            crate::ggml_quants::dequantize_row(q, row, out)
+                .expect("a stored row holds whole blocks (checked at load)")
+        }
     }
 }
 
@@ -330,6 +337,12 @@ pub fn quantize_row(dtype: DType, x: &[f32]) -> Vec<u8> {
         DType::Q4_1 => {
             let b: Vec<BlockQ4_1> = x.chunks(QK).map(BlockQ4_1::quantize).collect();
             blocks_as_bytes(&b).to_vec()
+        }
+        _ => {
+            let q = dtype
+                .ggml_quant()
+                .expect("every other format is a ggml quant");
+            crate::ggml_quants::quantize_row(q, x).expect("a whole number of blocks")
         }
     }
 }

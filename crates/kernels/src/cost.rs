@@ -136,6 +136,9 @@ pub fn decode_cost(dtype: DType) -> f64 {
         DType::BF16 => 1.0,
         DType::Q8_0 => 1.5,
         DType::Q4_0 | DType::Q4_1 => 2.0,
+        // Decoded into an L1 buffer first, then the f32 tile reads it back.
+        DType::Q5_0 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::Q8_K => 3.0,
+        DType::Q2_K | DType::Q3_K | DType::IQ4_NL | DType::IQ4_XS => 3.5,
     }
 }
 
@@ -298,7 +301,7 @@ fn predict_packed_us(
 ) -> f64 {
     let t = &plan.tile;
     let (mr, nr) = crate::exact::packed_tile_for(t.mr, t.nr);
-    let kc = crate::exact::packed_kc(t.kc, k) as f64;
+    let kc = crate::exact::packed_kc(t.kc, k, dtype) as f64;
     let (mp, np) = plan.parallel.parts();
     let units = (mp * np) as f64;
     let rows = m.div_ceil(mp);

@@ -83,38 +83,44 @@ pub fn stream_tile_of(dtype: DType, mr: usize, nr: usize) -> (usize, usize) {
     }
 }
 
-/// Portable canonical dot of `x` with a stored row, dequantizing 32 elements at a time;
-/// equal to `generic::dot_f32(x, dequantized row)`.
+/// Portable canonical dot of `x` with a stored row, dequantizing a storage block (at least 32
+/// elements) at a time; equal to `generic::dot_f32(x, dequantized row)`.
 pub fn stream_dot_generic(dtype: DType, x: &[f32], row: &[u8]) -> f32 {
     let k = x.len();
-    let bb = dtype.block_bytes() * 32 / dtype.block_len();
-    let mut acc = [0f32; LANES];
-    let mut buf = [0f32; 32];
-    let groups = k / 32;
-    for b in 0..groups {
-        generic::dequantize(dtype, &row[b * bb..(b + 1) * bb], &mut buf);
-        for (c, xs) in x[32 * b..32 * b + 32].chunks_exact(LANES).enumerate() {
-            for l in 0..LANES {
-                acc[l] += xs[l] * buf[8 * c + l];
-            }
-        }
-    }
+    let (bl, bb) = (dtype.block_len(), dtype.block_bytes());
+    let chunk = bl.max(32);
     let n8 = k / 8 * 8;
-    let rest = k - 32 * groups;
-    if rest > 0 {
-        let es = dtype.block_bytes() / dtype.block_len();
-        generic::dequantize(dtype, &row[32 * groups * es..k * es], &mut buf[..rest]);
-        for c in 0..(n8 - 32 * groups) / 8 {
+    let mut acc = [0f32; LANES];
+    let mut buf = [0f32; 256];
+    let mut t0 = 0;
+    let mut last = 0;
+    while t0 < k {
+        let len = chunk.min(k - t0);
+        generic::dequantize(
+            dtype,
+            &row[t0 / bl * bb..(t0 + len) / bl * bb],
+            &mut buf[..len],
+        );
+        let steps = n8.saturating_sub(t0).min(len) / LANES;
+        for c in 0..steps {
             for l in 0..LANES {
-                acc[l] += x[32 * groups + 8 * c + l] * buf[8 * c + l];
+                acc[l] += x[t0 + 8 * c + l] * buf[8 * c + l];
             }
         }
+        last = t0;
+        t0 += len;
     }
     let mut s = generic::reduce_lanes(&acc);
     for t in n8..k {
-        s += x[t] * buf[t - 32 * groups];
+        s += x[t] * buf[t - last];
     }
     s
+}
+
+thread_local! {
+    /// The stream kernel's decoded weight rows (ggml types on AVX2).
+    static DECODED: std::cell::RefCell<crate::aligned::AlignedF32> =
+        const { std::cell::RefCell::new(crate::aligned::AlignedF32::new()) };
 }
 
 /// Writes `vals` (plus the bias) to `out[row, col0 .. col0 + vals.len()]`.
@@ -199,10 +205,27 @@ fn stream_tile(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma {
         use crate::x86::avx2_exact as ax;
+        // The ggml types are decoded to f32 rows in L1 first, then run as f32 weights (the
+        // same canonical order, so the same bits as any other tile).
+        let decoded = ax::code(dtype).is_none();
+        let mut dec = DECODED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+        if decoded {
+            dec.grow(nr * k);
+            for b in 0..nr {
+                crate::gemm::dequantize(isa, dtype, w.row(j0 + b), &mut dec[b * k..(b + 1) * k]);
+            }
+        }
+        let wrow = |b: usize| -> *const u8 {
+            if decoded {
+                dec[b * k..].as_ptr() as *const u8
+            } else {
+                w.row(j0 + b).as_ptr()
+            }
+        };
         macro_rules! run {
             ($DT:expr, $MR:literal, $NR:literal) => {{
                 let xp: [*const f32; $MR] = std::array::from_fn(|a| xrow(a).as_ptr());
-                let wp: [*const u8; $NR] = std::array::from_fn(|b| w.row(j0 + b).as_ptr());
+                let wp: [*const u8; $NR] = std::array::from_fn(wrow);
                 // SAFETY: AVX2+FMA+F16C checked via `Isa`; every activation row holds `k`
                 // values and every stored row `k` elements of `dtype` (checked at load).
                 let r = unsafe { ax::stream_tile::<{ $DT }, $MR, $NR>(xp, wp, k) };
@@ -212,6 +235,7 @@ fn stream_tile(
                         v[a * $NR + b] = r[a][b];
                     }
                 }
+                DECODED.with(|d| *d.borrow_mut() = dec);
                 return v;
             }};
         }
@@ -232,12 +256,14 @@ fn stream_tile(
             };
         }
         match dtype {
+            _ if decoded => tiles!(ax::F32),
             DType::F32 => tiles!(ax::F32),
             DType::F16 => tiles!(ax::F16),
             DType::BF16 => tiles!(ax::BF16),
             DType::Q8_0 => tiles!(ax::Q8_0),
             DType::Q4_0 => tiles!(ax::Q4_0),
             DType::Q4_1 => tiles!(ax::Q4_1),
+            _ => unreachable!("ggml types are decoded above"),
         }
     }
     let _ = isa;

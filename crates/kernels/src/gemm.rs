@@ -214,7 +214,8 @@ fn f32dot_range(
     });
 }
 
-fn dequantize(isa: Isa, dtype: tessera_core::DType, row: &[u8], out: &mut [f32]) {
+/// Dequantizes a stored row (or a run of whole blocks) on `isa`.
+pub(crate) fn dequantize(isa: Isa, dtype: tessera_core::DType, row: &[u8], out: &mut [f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Avx2Fma is active only with AVX2, FMA and F16C; a stored row holds

@@ -83,9 +83,13 @@ pub fn check_call(
 }
 
 /// A weight matrix in its stored format (plus, for the fast path, its interleaved repack),
-/// with an optional f32 bias.
+/// with an optional f32 bias. Stacked parts of one format are one product; a stack that mixes
+/// formats (a Q4_K_M file's Q5_0 q/k and Q8_0 v) runs one product per run of equal formats.
 pub struct DenseLinear {
-    pub weight: GemmWeight,
+    /// Runs of consecutive parts with one format and their column ranges.
+    runs: Vec<(GemmWeight, Range<usize>)>,
+    k: usize,
+    n: usize,
     pub bias: Option<Vec<f32>>,
     /// Column range of each stacked part.
     pub parts: Vec<Range<usize>>,
@@ -111,9 +115,9 @@ impl DenseLinear {
         inp: usize,
         repack: bool,
     ) -> Result<Self> {
-        let mut weights = Vec::with_capacity(parts.len());
         let mut bias: Vec<f32> = Vec::new();
-        let mut ranges = Vec::with_capacity(parts.len());
+        let mut ranges: Vec<Range<usize>> = Vec::with_capacity(parts.len());
+        let mut runs: Vec<(Vec<WeightTensor>, Range<usize>)> = Vec::new();
         let any_bias = parts.iter().any(|p| p.1.is_some());
         for (w, b, out) in parts {
             if w.shape != [out, inp] {
@@ -135,34 +139,55 @@ impl DenseLinear {
                 None if any_bias => bias.extend(std::iter::repeat_n(0.0, out)),
                 None => {}
             }
-            let start = ranges.last().map_or(0, |r: &Range<usize>| r.end);
+            let start = ranges.last().map_or(0, |r| r.end);
             ranges.push(start..start + out);
-            weights.push(w);
+            match runs.last_mut() {
+                Some((ws, cols)) if ws[0].dtype == w.dtype => {
+                    cols.end += out;
+                    ws.push(w);
+                }
+                _ => runs.push((vec![w], start..start + out)),
+            }
         }
-        let names: Vec<String> = weights
-            .iter()
-            .map(|w| format!("{} ({})", w.name, w.dtype))
-            .collect();
-        let weight = GemmWeight::stacked(weights, repack).ok_or_else(|| {
-            Error::Config(format!(
-                "cannot fuse tensors of different formats: {}",
-                names.join(", ")
-            ))
-        })?;
+        let n = ranges.last().map_or(0, |r| r.end);
+        let runs = runs
+            .into_iter()
+            .map(|(ws, cols)| {
+                let name = ws[0].name.clone();
+                let w = GemmWeight::stacked(ws, repack).ok_or_else(|| {
+                    Error::Config(format!(
+                        "{name}: stacked parts must be 2-D with {inp} columns"
+                    ))
+                })?;
+                Ok((w, cols))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(DenseLinear {
-            weight,
+            runs,
+            k: inp,
+            n,
             bias: any_bias.then_some(bias),
             parts: ranges,
         })
     }
+
+    /// The weight runs (one per run of stacked parts sharing a format) and their columns.
+    pub fn weights(&self) -> impl Iterator<Item = (&GemmWeight, &Range<usize>)> {
+        self.runs.iter().map(|(w, c)| (w, c))
+    }
+}
+
+thread_local! {
+    /// One run's output columns when a stack mixes formats.
+    static RUN_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Linear for DenseLinear {
     fn in_features(&self) -> usize {
-        self.weight.k()
+        self.k
     }
     fn out_features(&self) -> usize {
-        self.weight.n()
+        self.n
     }
     fn parts(&self) -> &[Range<usize>] {
         &self.parts
@@ -175,21 +200,46 @@ impl Linear for DenseLinear {
         segments: &[RowSegment],
         out: &mut [f32],
     ) -> Result<()> {
-        let (k, n) = (self.weight.k(), self.weight.n());
+        let (k, n) = (self.k, self.n);
         check_call("linear", x, m, k, n, segments, out)?;
         if m == 0 {
             return Ok(());
         }
-        tessera_kernels::matmul(
-            ctx.pool,
-            ctx.planner,
-            ctx.precision,
-            &x[..m * k],
-            m,
-            &self.weight,
-            self.bias.as_deref(),
-            &mut out[..m * n],
-        );
+        if let [(w, _)] = &self.runs[..] {
+            tessera_kernels::matmul(
+                ctx.pool,
+                ctx.planner,
+                ctx.precision,
+                &x[..m * k],
+                m,
+                w,
+                self.bias.as_deref(),
+                &mut out[..m * n],
+            );
+            return Ok(());
+        }
+        RUN_OUT.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            for (w, cols) in &self.runs {
+                let nr = cols.len();
+                buf.resize(m * nr, 0.0);
+                let bias = self.bias.as_deref().map(|b| &b[cols.clone()]);
+                tessera_kernels::matmul(
+                    ctx.pool,
+                    ctx.planner,
+                    ctx.precision,
+                    &x[..m * k],
+                    m,
+                    w,
+                    bias,
+                    &mut buf[..m * nr],
+                );
+                for i in 0..m {
+                    out[i * n + cols.start..i * n + cols.end]
+                        .copy_from_slice(&buf[i * nr..(i + 1) * nr]);
+                }
+            }
+        });
         Ok(())
     }
 }

@@ -99,7 +99,7 @@ pub(crate) fn outer_range(
     let sw = strip();
     let mr = plan.tile.mr.clamp(1, max_mr());
     let (steps, tail) = (k / LANES, k % LANES);
-    let kc_steps = (super::packed_kc(plan.tile.kc, k) / LANES).clamp(1, steps.max(1));
+    let kc_steps = (super::packed_kc(plan.tile.kc, k, w.dtype()) / LANES).clamp(1, steps.max(1));
     let blocks_k = steps.div_ceil(kc_steps).max(1);
     let nc = plan.tile.nc.max(sw).div_ceil(sw) * sw;
     // Tiles start at multiples of `mr` from `rows.start` (mc is a multiple of mr).

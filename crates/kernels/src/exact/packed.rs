@@ -8,6 +8,7 @@
 use std::cell::RefCell;
 use std::ops::Range;
 
+use tessera_core::DType;
 use tessera_runtime::DisjointMut;
 
 pub(crate) use super::panel_pack::pack;
@@ -53,13 +54,15 @@ pub fn packed_tiles() -> &'static [(usize, usize)] {
     }
 }
 
-/// The K block of a packed plan: all of K, or a multiple of 32 (so every block but the last
-/// holds whole quantization blocks and whole chunks of 8).
-pub fn packed_kc(kc: usize, k: usize) -> usize {
+/// The K block of a packed plan: all of K, or a multiple of 32 (256 for the super-block
+/// types) so every block but the last holds whole quantization blocks and chunks of 8.
+pub fn packed_kc(kc: usize, k: usize, dtype: DType) -> usize {
+    // K blocks start on whole storage blocks (32, or 256 for the super-block types).
+    let granule = dtype.block_len().max(32);
     if kc == 0 || kc >= k {
         k.max(1)
     } else {
-        kc.div_ceil(32).max(1) * 32
+        kc.div_ceil(granule).max(1) * granule
     }
 }
 /// Runs a packed plan over activation rows `rows` and weight rows `cols`.
@@ -86,7 +89,7 @@ pub(crate) fn packed_range(
     if nr >= super::outer::STRIP {
         return super::outer::outer_range(plan, x, k, n, w, bias, rows, cols, out);
     }
-    let kc = packed_kc(plan.tile.kc, k);
+    let kc = packed_kc(plan.tile.kc, k, w.dtype());
     let nc = plan.tile.nc.max(nr).div_ceil(nr) * nr;
     // Tiles start at multiples of `mr` from each `mc` block's start, so each has one slot.
     let mc = plan.tile.mc.max(mr).div_ceil(mr) * mr;

@@ -6,7 +6,6 @@ use tessera_core::DType;
 
 use super::records;
 use crate::gemm::GemmWeight;
-use crate::generic;
 use crate::isa::Isa;
 
 /// Dequantizes elements `k0..k1` of weight rows `r0..r0 + live` into `dst` as
@@ -24,7 +23,7 @@ pub(crate) fn pack(
     dst: &mut [f32],
 ) {
     let len = k1 - k0;
-    assert!(dst.len() == nr * len && k0.is_multiple_of(32));
+    assert!(dst.len() == nr * len && k0.is_multiple_of(dtype.block_len().max(32)));
     #[cfg(target_arch = "x86_64")]
     if let (Isa::Avx2Fma, Some(pw)) = (isa, w.packed.as_ref()) {
         // Repacked: read the records (the stored rows' pages were released).
@@ -62,6 +61,8 @@ pub(crate) fn pack(
             DType::Q8_0 => nrs!(ax::Q8_0),
             DType::Q4_0 => nrs!(ax::Q4_0),
             DType::Q4_1 => nrs!(ax::Q4_1),
+            // The ggml types: the portable packing below, on the SIMD dequantization.
+            _ => {}
         }
     }
     let _ = isa;
@@ -73,7 +74,8 @@ pub(crate) fn pack(
     for b in 0..nr {
         if b < live {
             let row = w.row(r0 + b);
-            generic::dequantize(
+            crate::gemm::dequantize(
+                isa,
                 dtype,
                 &row[k0 * es_num / es_den..k1 * es_num / es_den],
                 &mut buf,

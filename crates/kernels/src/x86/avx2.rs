@@ -166,6 +166,7 @@ pub unsafe fn dequantize(dtype: DType, row: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        _ => crate::x86::ggml_decode::dequantize(dtype, row, out),
     }
 }
 

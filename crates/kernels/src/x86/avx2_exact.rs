@@ -29,15 +29,18 @@ pub const Q8_0: u8 = 3;
 pub const Q4_0: u8 = 4;
 pub const Q4_1: u8 = 5;
 
-pub const fn code(d: DType) -> u8 {
-    match d {
+/// The code of a format this module's kernels read as stored, `None` for the others (the
+/// ggml types of `tessera_core::ggml_quants`, which callers dequantize first).
+pub const fn code(d: DType) -> Option<u8> {
+    Some(match d {
         DType::F32 => F32,
         DType::F16 => F16,
         DType::BF16 => BF16,
         DType::Q8_0 => Q8_0,
         DType::Q4_0 => Q4_0,
         DType::Q4_1 => Q4_1,
-    }
+        _ => return None,
+    })
 }
 
 /// Bytes of one group of 32 elements (a quantization block, or 32 float elements).

@@ -12,5 +12,6 @@ mod avx512_decode;
 pub mod avx512_exact;
 pub mod avx512_outer;
 pub mod avx512_packed;
+pub mod ggml_decode;
 pub mod lora_avx2;
 mod pipe_probe;

@@ -20,8 +20,8 @@ use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{
-    shard_files, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, Logits, SubBatching, TpLayout,
-    Workspace,
+    shard_files_noted, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, Logits, SubBatching,
+    TpLayout, Workspace,
 };
 use tessera_parallel::link::CommCost;
 use tessera_parallel::local;
@@ -154,7 +154,7 @@ impl TpGroup {
         threads: usize,
         timeout: Duration,
     ) -> Result<(Self, LlamaModel, ThreadPool)> {
-        let layout = TpLayout::new(&files.config, size)?;
+        let layout = TpLayout::for_files(files, size)?;
         let per_rank = (threads / size).max(1);
         let cpus = allowed_cpus().unwrap_or_default();
         let cpus_of = |r: usize| -> Vec<usize> {
@@ -183,7 +183,10 @@ impl TpGroup {
         let mut comms = local::group(size, timeout);
         let mut ranks = Vec::with_capacity(size);
         for (r, comm) in comms.drain(..).enumerate() {
-            let shard = shard_files(files, &layout, r)?;
+            let (shard, notes) = shard_files_noted(files, &layout, r)?;
+            if let (0, Some(line)) = (r, notes.line()) {
+                eprintln!("{line}");
+            }
             let rank_cpus = cpus_of(r);
             let pool = if rank_cpus.is_empty() {
                 ThreadPool::new(per_rank)

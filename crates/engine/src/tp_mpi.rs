@@ -12,8 +12,8 @@ use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{
-    shard_files, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, LogitsFor, SeqChunk, SplitBy,
-    SubBatching, TpLayout, Workspace,
+    shard_files_noted, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, LogitsFor, SeqChunk,
+    SplitBy, SubBatching, TpLayout, Workspace,
 };
 use tessera_parallel::overlap::CommThread;
 use tessera_parallel::{CommError, Communicator};
@@ -236,7 +236,7 @@ pub(crate) fn join(
             comm.size()
         )));
     }
-    let layout = TpLayout::new(&files.config, size)?;
+    let layout = TpLayout::for_files(files, size)?;
     let rank = comm.rank();
     let (per, cpus) = node_share(threads);
     let pool = if cpus.is_empty() {
@@ -244,7 +244,10 @@ pub(crate) fn join(
     } else {
         ThreadPool::on_cpus(&cpus)
     };
-    let shard = shard_files(files, &layout, rank)?;
+    let (shard, notes) = shard_files_noted(files, &layout, rank)?;
+    if let (0, Some(line)) = (rank, notes.line()) {
+        eprintln!("{line}");
+    }
     let model = LlamaModel::new_shard(&shard, precision, layout.ranks[rank].vocab.clone())?;
     if rank == 0 {
         let group = TpGroup::over_mpi(layout, comm, timeout, cpus.first().copied())?;

@@ -7,6 +7,13 @@
 //! row-parallel (each rank holds the input columns of its heads or slice, on block
 //! boundaries, and produces a partial sum for the all-reduce), and the embedding and output
 //! head are split by vocabulary. Quantized blocks stay quantized; norms are replicated.
+//!
+//! The MLP is cut on multiples of the down projection's block (256 weights for the K-quants
+//! and IQ4_XS), unevenly where the blocks do not divide (35 blocks on 2 ranks: 18 + 17). A
+//! row-parallel slice that still cannot start and end on whole blocks (o's columns when a
+//! rank's heads are 448 wide and the format's blocks 256) is decoded to f32, its exact
+//! values: results are unchanged on the exact path, the slice takes 4 bytes a weight, and
+//! the loader says so ([`ShardNotes`]).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -31,12 +38,40 @@ pub struct TpLayout {
     pub ranks: Vec<RankShard>,
 }
 
-/// The MLP is split on multiples of this (the block length of every quantized format).
+/// The MLP is split on multiples of at least this (the block of the 32-weight formats).
 const FF_ALIGN: usize = 32;
 
 impl TpLayout {
+    /// The layout of `files` over `size` ranks: the MLP cut on whole blocks of its down
+    /// projection where it has enough of them (else on 32 weights, see the module doc).
+    pub fn for_files(files: &ModelFiles, size: usize) -> Result<Self> {
+        let block = files
+            .tensors
+            .iter()
+            .filter(|(name, _)| name.ends_with("ffn_down.weight"))
+            .map(|(_, t)| t.dtype.block_len())
+            .max()
+            .unwrap_or(1)
+            .max(FF_ALIGN);
+        let align = if files.config.intermediate_size / block >= size {
+            block
+        } else {
+            FF_ALIGN
+        };
+        Self::aligned(&files.config, size, align)
+    }
+
     /// The layout of `cfg` over `size` ranks, or why it cannot be split that way.
     pub fn new(cfg: &tessera_formats::ModelConfig, size: usize) -> Result<Self> {
+        Self::aligned(cfg, size, FF_ALIGN)
+    }
+
+    /// [`Self::new`] with the MLP cut on multiples of `ff_align`.
+    pub fn aligned(
+        cfg: &tessera_formats::ModelConfig,
+        size: usize,
+        ff_align: usize,
+    ) -> Result<Self> {
         let (nh, g) = (cfg.n_heads, cfg.n_kv_heads);
         let gs = nh / g.max(1);
         if size == 0 || size > nh {
@@ -44,7 +79,7 @@ impl TpLayout {
                 "tensor parallelism over {size} ranks: the model has {nh} attention heads"
             )));
         }
-        if cfg.intermediate_size / FF_ALIGN < size {
+        if cfg.intermediate_size / ff_align.max(1) < size {
             return Err(Error::Config(format!(
                 "tensor parallelism over {size} ranks: the MLP width {} has too few blocks",
                 cfg.intermediate_size
@@ -72,7 +107,7 @@ impl TpLayout {
             ranks.push(RankShard {
                 q_heads,
                 kv_heads,
-                ff: split_range_aligned(cfg.intermediate_size, size, r, FF_ALIGN),
+                ff: split_range_aligned(cfg.intermediate_size, size, r, ff_align.max(1)),
                 vocab: split_range(cfg.vocab_size, size, r),
             });
         }
@@ -88,9 +123,72 @@ fn rows(t: &WeightTensor, r: Range<usize>) -> Result<WeightTensor> {
     t.slice_rows(r)
 }
 
+/// The row-parallel slices a rank had to decode to f32 (not on whole blocks of their format).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardNotes {
+    /// `(tensor, its format, the f32 bytes its slice now takes)`.
+    pub decoded: Vec<(String, tessera_core::DType, usize)>,
+}
+
+impl ShardNotes {
+    /// One line for the loader's output, if anything was decoded.
+    pub fn line(&self) -> Option<String> {
+        if self.decoded.is_empty() {
+            return None;
+        }
+        let bytes: usize = self.decoded.iter().map(|d| d.2).sum();
+        let first = &self.decoded[0];
+        Some(format!(
+            "tensor parallelism: {} row-parallel slice(s) cannot be cut on whole blocks and run as f32 ({:.1} MB; e.g. {} {})",
+            self.decoded.len(),
+            bytes as f64 / 1e6,
+            first.0,
+            first.1
+        ))
+    }
+}
+
+/// Columns `c` of `t`: the stored blocks where `c` starts and ends on whole blocks, else the
+/// slice decoded to its exact f32 values (noted in `notes`).
+fn cols(t: &WeightTensor, c: Range<usize>, notes: &mut ShardNotes) -> Result<WeightTensor> {
+    let bl = t.dtype.block_len();
+    if c.start.is_multiple_of(bl) && c.end.is_multiple_of(bl) {
+        return t.slice_cols(c);
+    }
+    if t.shape.len() != 2 || c.end > t.cols() || c.start > c.end {
+        return t.slice_cols(c);
+    }
+    let mut row = vec![0f32; t.cols()];
+    let mut out = Vec::with_capacity(t.rows() * c.len());
+    for r in 0..t.rows() {
+        t.dequantize_row(r, &mut row);
+        out.extend_from_slice(&row[c.clone()]);
+    }
+    notes.decoded.push((
+        t.name.clone(),
+        t.dtype,
+        out.len() * std::mem::size_of::<f32>(),
+    ));
+    Ok(WeightTensor::from_f32(
+        t.name.clone(),
+        vec![t.rows(), c.len()],
+        &out,
+    ))
+}
+
 /// Rank `rank`'s files: every split tensor sliced, the configuration's head counts and MLP
 /// width made the rank's (the vocabulary size stays the model's).
 pub fn shard_files(files: &ModelFiles, layout: &TpLayout, rank: usize) -> Result<ModelFiles> {
+    shard_files_noted(files, layout, rank).map(|(f, _)| f)
+}
+
+/// [`shard_files`], with what had to be decoded to f32.
+pub fn shard_files_noted(
+    files: &ModelFiles,
+    layout: &TpLayout,
+    rank: usize,
+) -> Result<(ModelFiles, ShardNotes)> {
+    let mut notes = ShardNotes::default();
     let s = layout
         .ranks
         .get(rank)
@@ -108,9 +206,9 @@ pub fn shard_files(files: &ModelFiles, layout: &TpLayout, rank: usize) -> Result
             ("attn_q", "bias") => bias(t, q.clone())?,
             ("attn_k" | "attn_v", "weight") => rows(t, kv.clone())?,
             ("attn_k" | "attn_v", "bias") => bias(t, kv.clone())?,
-            ("attn_output", "weight") => t.slice_cols(q.clone())?,
+            ("attn_output", "weight") => cols(t, q.clone(), &mut notes)?,
             ("ffn_gate" | "ffn_up", "weight") => rows(t, s.ff.clone())?,
-            ("ffn_down", "weight") => t.slice_cols(s.ff.clone())?,
+            ("ffn_down", "weight") => cols(t, s.ff.clone(), &mut notes)?,
             // A row-parallel product's bias is added once, by rank 0.
             ("attn_output" | "ffn_down", "bias") if rank > 0 => continue,
             ("token_embd" | "output", "weight") => rows(t, s.vocab.clone())?,
@@ -129,12 +227,13 @@ pub fn shard_files(files: &ModelFiles, layout: &TpLayout, rank: usize) -> Result
     config.n_heads = s.q_heads.len();
     config.n_kv_heads = s.kv_heads.len();
     config.intermediate_size = s.ff.len();
-    Ok(ModelFiles {
+    let files = ModelFiles {
         name: files.name.clone(),
         config,
         tensors,
         tokenizer: files.tokenizer.clone(),
-    })
+    };
+    Ok((files, notes))
 }
 
 fn bias(t: &WeightTensor, r: Range<usize>) -> Result<WeightTensor> {
@@ -196,5 +295,40 @@ mod tests {
             assert_eq!(v, 1000);
         }
         assert!(TpLayout::new(&cfg(9, 3), 10).is_err());
+    }
+
+    #[test]
+    fn slices_off_block_boundaries_are_decoded_to_their_exact_values() {
+        use tessera_core::{DType, TensorBytes};
+        let (n, k) = (3, 512);
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let bytes: Vec<u8> = x
+            .chunks(k)
+            .flat_map(|r| tessera_core::tensor::quantize_row(DType::Q4_K, r))
+            .collect();
+        let t =
+            WeightTensor::new("w", DType::Q4_K, vec![n, k], TensorBytes::owned(&bytes)).unwrap();
+        let mut notes = ShardNotes::default();
+        let whole = cols(&t, 256..512, &mut notes).unwrap();
+        assert_eq!((whole.dtype, notes.decoded.len()), (DType::Q4_K, 0));
+        let cut = cols(&t, 64..448, &mut notes).unwrap();
+        assert_eq!(cut.dtype, DType::F32);
+        assert_eq!(
+            notes.decoded,
+            vec![("w".to_string(), DType::Q4_K, n * 384 * 4)]
+        );
+        let full = t.to_f32_vec();
+        for r in 0..n {
+            let mut got = vec![0f32; 384];
+            cut.dequantize_row(r, &mut got);
+            let want = &full[r * k + 64..r * k + 448];
+            assert!(got
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        assert!(notes.line().unwrap().contains("1 row-parallel slice"));
     }
 }

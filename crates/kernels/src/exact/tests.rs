@@ -13,14 +13,7 @@ use crate::gemm::execute;
 use crate::plan::{F32Kernel, KernelFamily, ParallelPlan, ParallelSplit, Plan, Precision};
 use crate::planner::{Planner, ShapeKey};
 
-pub(super) const DTYPES: [DType; 6] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-];
+pub(super) const DTYPES: [DType; 16] = DType::ALL;
 
 pub(super) fn weight(dtype: DType, n: usize, k: usize, seed: u64, parts: usize) -> GemmWeight {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -50,7 +43,9 @@ pub(super) fn acts(m: usize, k: usize, seed: u64) -> Vec<f32> {
 }
 
 pub(super) fn k_for(dtype: DType, units: usize, odd: usize) -> usize {
-    if dtype.is_quantized() {
+    if dtype.is_super_block() {
+        units.div_ceil(3) * 256
+    } else if dtype.is_quantized() {
         units * 32
     } else {
         units * 32 + odd
@@ -126,7 +121,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(60))]
     #[test]
     fn stream_equals_panel_bitwise(
-        m in 1usize..7, n in 1usize..37, kb in 1usize..6, odd in 0usize..8, d in 0usize..6,
+        m in 1usize..7, n in 1usize..37, kb in 1usize..6, odd in 0usize..8, d in 0usize..16,
         tile in 0usize..9, nc in 1usize..40, units in 1usize..4, parts in 1usize..4,
     ) {
         let dtype = DTYPES[d];
@@ -146,7 +141,7 @@ proptest! {
 
     #[test]
     fn packed_equals_panel_bitwise(
-        m in 1usize..23, n in 1usize..30, kb in 1usize..7, odd in 0usize..8, d in 0usize..6,
+        m in 1usize..23, n in 1usize..30, kb in 1usize..7, odd in 0usize..8, d in 0usize..16,
         mr in 1usize..10, nr in 2usize..5, mc in 1usize..12, nc in 1usize..20, kcb in 0usize..4,
         units in 1usize..4,
     ) {
@@ -172,7 +167,7 @@ proptest! {
     /// and every tile height.
     #[test]
     fn packed_with_packed_activations_equals_panel_bitwise(
-        m in 1usize..20, n in 1usize..24, kk in 1usize..3, d in 0usize..6, mr in 1usize..10,
+        m in 1usize..20, n in 1usize..24, kk in 1usize..3, d in 0usize..16, mr in 1usize..10,
         mc in 1usize..24, nc in 4usize..20, kcb in 0usize..3, units in 1usize..3,
     ) {
         let dtype = DTYPES[d];
@@ -191,7 +186,7 @@ proptest! {
 
     /// A row's result is the same at M = 1 (stream kernel) and inside a batch (packed).
     #[test]
-    fn stream_and_packed_rows_agree(m in 2usize..40, n in 1usize..25, kb in 1usize..5, d in 0usize..6, pick in 0usize..1000) {
+    fn stream_and_packed_rows_agree(m in 2usize..40, n in 1usize..25, kb in 1usize..5, d in 0usize..16, pick in 0usize..1000) {
         let dtype = DTYPES[d];
         let k = k_for(dtype, kb, pick % 8);
         let w = weight(dtype, n, k, 11, 2);
@@ -204,6 +199,12 @@ proptest! {
     }
 }
 
+/// `k` rounded up to whole blocks of `dtype`.
+pub(super) fn k_fit(dtype: DType, k: usize) -> usize {
+    let bl = dtype.block_len();
+    k.div_ceil(bl) * bl
+}
+
 /// Against the f64 reference of the reference dequantization.
 #[test]
 fn close_to_f64_reference() {
@@ -214,6 +215,7 @@ fn close_to_f64_reference() {
             (5, 13, 96 + 7 * (!dtype.is_quantized()) as usize),
             (17, 9, 320),
         ] {
+            let k = k_fit(dtype, k);
             let w = weight(dtype, n, k, 5, 1);
             let x = acts(m, k, 6);
             let want = crate::matmul::matmul_reference(&x, m, &w.parts[0], None);
@@ -239,7 +241,8 @@ fn close_to_f64_reference() {
 fn portable_stream_dot_is_the_canonical_dot() {
     for dtype in DTYPES {
         for k in [32, 64, 33, 39, 40, 71, 8, 1, 7] {
-            if dtype.is_quantized() && k % 32 != 0 {
+            let k = if dtype.is_super_block() { k * 8 } else { k };
+            if k % dtype.block_len() != 0 {
                 continue;
             }
             let w = weight(dtype, 1, k, k as u64, 1);
@@ -265,7 +268,7 @@ fn avx2_decode_is_the_reference() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     for dtype in DTYPES {
         for trial in 0..50 {
-            let k = 96;
+            let k = k_fit(dtype, 96);
             let mut bytes = vec![0u8; dtype.row_bytes(k).unwrap()];
             rng.fill(&mut bytes[..]);
             if trial % 5 == 0 {

@@ -3,19 +3,32 @@
 
 What it does
 ------------
-Loads SmolLM2-135M-Instruct.Q4_1.gguf with transformers (which dequantizes every
-tensor to float32), runs a handful of prompts on CPU and writes
-tests/golden/smollm2-135m-q4_1.json containing, per prompt: the token ids, the
-argmax logit id and top1-top2 margin at every position, the top-20 logits at the
-last position and a 32-token greedy continuation.  It also records tokenizer
-cases comparing two tokenizers built from the GGUF metadata:
+Loads a GGUF model with transformers (which dequantizes every tensor to float32), runs
+a handful of prompts on CPU and writes a golden JSON file under tests/golden/ with,
+per prompt: the token ids, the argmax logit id and top1-top2 margin at every position,
+the top-20 logits at the last position and a greedy continuation.  The recipe is
+chosen by the GGUF's `tokenizer.ggml.pre`:
 
-* "original": a `tokenizers` BPE rebuilt from the GGUF vocab + merges with
-  SmolLM2's original pre-tokenizer (individual digit split + byte-level).  This
-  matches the upstream tokenizer.json and is what llama.cpp's "smollm"
-  pre-tokenizer implements.  These ids are the ones fed to the model.
-* "transformers_gguf": AutoTokenizer.from_pretrained(..., gguf_file=...).  The
-  GGUF->transformers conversion drops the digit split, so ids can differ.
+``smollm`` (SmolLM2-135M-Instruct.Q4_1.gguf -> tests/golden/smollm2-135m-q4_1.json)
+  32-token greedy continuations.  It also records tokenizer cases comparing two
+  tokenizers built from the GGUF metadata:
+
+  * "original": a `tokenizers` BPE rebuilt from the GGUF vocab + merges with
+    SmolLM2's original pre-tokenizer (individual digit split + byte-level).  This
+    matches the upstream tokenizer.json and is what llama.cpp's "smollm"
+    pre-tokenizer implements.  These ids are the ones fed to the model.
+  * "transformers_gguf": AutoTokenizer.from_pretrained(..., gguf_file=...).  The
+    GGUF->transformers conversion drops the digit split, so ids can differ.
+
+``qwen2`` (qwen2.5-coder-{0.5b,1.5b}-instruct-q4_k_m.gguf ->
+tests/golden/qwen2.5-coder-{0.5b,1.5b}-q4_k_m.json)
+  The ids fed to the model come from transformers' tokenizer built from the GGUF
+  (AutoTokenizer gguf_file); when a llama.cpp build is found beside the project
+  (~/.cache/tessera/llama.cpp/*/vendor/llama.cpp/build/bin/libllama.so, or
+  --llama-cpp-lib), every prompt's ids must equal llama.cpp's tokenizer's on the same
+  file, and the tokenizer cases record both.  Two prompts are chat-templated with the
+  GGUF's own chat template.  24-token greedy continuations (`greedy24`, with the
+  decoded text in `greedy24_text`).
 
 How to run
 ----------
@@ -24,16 +37,20 @@ How to run
     tools/reference/.venv/bin/python tools/reference/make_golden.py \
         [--model /root/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf] \
         [--out tests/golden/smollm2-135m-q4_1.json]
+    tools/reference/.venv/bin/python tools/reference/make_golden.py --model qwen2.5-coder-0.5b
+    tools/reference/.venv/bin/python tools/reference/make_golden.py --model qwen2.5-coder-1.5b
 
 Run from the repository root (paths are resolved relative to this file anyway).
-CPU only; takes about a minute.  The model file is not downloaded by this
-script; its sha256 is checked and recorded.
+CPU only; SmolLM2 takes about a minute, the Qwen files several minutes (the 1.5B needs
+~7 GB of RAM in float32).  The model file is not downloaded by this script (see
+tools/fetch_model.py); its sha256 is checked and recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -213,20 +230,8 @@ def greedy(model, ids: list[int], steps: int) -> tuple[list[int], list[float]]:
     return out, round_list(margins)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, default=Path(os.environ.get("TESSERA_MODEL", DEFAULT_MODEL)))
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = ap.parse_args()
-
-    model_path: Path = args.model.resolve()
-    if not model_path.is_file():
-        print(f"model file not found: {model_path}", file=sys.stderr)
-        return 1
-    sha = sha256_file(model_path)
-    if sha != EXPECTED_SHA256:
-        print(f"WARNING: sha256 {sha} != expected {EXPECTED_SHA256}", file=sys.stderr)
-
+def smollm_golden(model_path: Path, sha: str, out: Path) -> int:
+    """SmolLM2: ids from the original (digit-splitting) tokenizer rebuilt from the GGUF."""
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
 
@@ -326,12 +331,330 @@ def main() -> int:
         "prompts": prompts,
         "tokenizer_cases": cases,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
+    write_doc(doc, out)
+    return 0
+
+
+def write_doc(doc: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
-    print(f"\nwrote {args.out} ({args.out.stat().st_size} bytes)")
+    print(f"\nwrote {out} ({out.stat().st_size} bytes)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Qwen2 (tokenizer.ggml.pre == "qwen2"): the GGUF's own tokenizer through transformers,
+# cross-checked against llama.cpp's.
+
+# Original text written for these goldens (not quoted from anywhere).
+QWEN_CODE_PROMPT = '''from dataclasses import dataclass
+
+
+@dataclass
+class Interval:
+    start: int
+    end: int
+
+
+def merge_intervals(intervals: list[Interval]) -> list[Interval]:
+    """Merge overlapping intervals; the result is sorted by start."""
+    if not intervals:
+        return []
+    ordered = sorted(intervals, key=lambda iv: iv.start)
+    merged = [ordered[0]]
+    for iv in ordered[1:]:
+        last = merged[-1]
+'''
+
+QWEN_PROSE_PROMPT = (
+    "Every Thursday the bakery on Alder Street sold out of rye bread by nine o'clock, and "
+    "every Thursday Mrs. Okafor arrived at ten past nine to ask whether any rye was left. "
+    "The baker, a patient man named Tobias, began to set one loaf aside for her under the "
+    "counter. He never told her, and she never asked why the answer had changed. Years "
+    "later, when the bakery finally closed,"
+)
+
+QWEN_MIXED_PROMPT = "Le café coûte 3,50 € — 北京 2024年12月31日 🚀 done; x=0x1F, y=-7.25e-3."
+
+QWEN_CHAT_MESSAGES = [
+    {
+        "role": "user",
+        "content": "Write a Python function that returns the n-th triangular number, "
+                   "with a one-line docstring.",
+    }
+]
+
+QWEN_CHAT_MULTI_MESSAGES = [
+    {"role": "system", "content": "You are a terse assistant. Answer in one sentence."},
+    {"role": "user", "content": "What does `git stash` do?"},
+    {
+        "role": "assistant",
+        "content": "It shelves your uncommitted changes and resets the working tree to HEAD.",
+    },
+    {"role": "user", "content": "How do I get the changes back?"},
+]
+
+QWEN_TOKENIZER_CASES = TOKENIZER_CASES + [
+    "e\u0301 vs \u00e9 (decomposed vs composed)",
+    "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>",
+    "<|im_start|>system\nx<|im_end|><|im_start|>assistant\n",
+    "  \n\n  \t\n",
+    "1234567890 0.001 1e-9 0b1010",
+    "    if x:\n        return None\n",
+    "Привет, мир! Ελληνικά עברית العربية हिन्दी",
+    "'S 'LL 'Re it'S don'T",
+]
+
+# file name -> (golden under tests/golden, expected sha256); names as tools/fetch_model.py.
+KNOWN_MODELS = {
+    "SmolLM2-135M-Instruct.Q4_1.gguf": ("smollm2-135m-q4_1.json", EXPECTED_SHA256),
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": (
+        "qwen2.5-coder-0.5b-q4_k_m.json",
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf": (
+        "qwen2.5-coder-1.5b-q4_k_m.json",
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+}
+FETCH_NAMES = {
+    "qwen2.5-coder-0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+}
+QWEN_GREEDY_STEPS = 24
+
+
+def find_llama_cpp_lib() -> Path | None:
+    """The newest llama.cpp build beside the project (tools/bench_vs_llama.py's cache)."""
+    root = Path.home() / ".cache/tessera/llama.cpp"
+    cands = sorted(root.glob("*/vendor/llama.cpp/build/bin/libllama.so"))
+    return cands[-1].parent if cands else None
+
+
+class LlamaCppTokenizer:
+    """llama.cpp's own tokenizer (libllama, vocab only) through the ctypes bindings that ship
+    with llama-cpp-python's source tree beside the build (imported without the package's
+    __init__, which needs extra dependencies)."""
+
+    def __init__(self, lib_dir: Path, model_path: Path):
+        import ctypes  # noqa: F401
+        import types
+
+        bindings = lib_dir.parents[3] / "llama_cpp"
+        if not (bindings / "llama_cpp.py").is_file():
+            raise FileNotFoundError(f"no llama_cpp/llama_cpp.py beside {lib_dir}")
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+        if "llama_cpp" not in sys.modules:
+            pkg = types.ModuleType("llama_cpp")
+            pkg.__path__ = [str(bindings)]
+            sys.modules["llama_cpp"] = pkg
+        import llama_cpp.llama_cpp as lc
+
+        self.lc = lc
+        self.source = f"libllama of {bindings.parent.name}/vendor/llama.cpp"
+        self._quiet = lc.llama_log_callback(lambda level, text, user: None)  # kept alive
+        lc.llama_log_set(self._quiet, None)
+        lc.llama_backend_init()
+        params = lc.llama_model_default_params()
+        params.vocab_only = True
+        self.model = lc.llama_model_load_from_file(str(model_path).encode(), params)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load the vocabulary of {model_path}")
+        self.vocab = lc.llama_model_get_vocab(self.model)
+
+    def encode(self, text: str) -> list[int]:
+        """Like `llama-tokenize --no-bos` with special tokens parsed (add_special=False,
+        parse_special=True)."""
+        b = text.encode("utf-8")
+        n = len(b) + 8
+        buf = (self.lc.llama_token * n)()
+        got = self.lc.llama_tokenize(self.vocab, b, len(b), buf, n, False, True)
+        if got < 0:
+            raise RuntimeError(f"llama_tokenize needs {-got} tokens")
+        return list(buf[:got])
+
+
+def qwen2_golden(model_path: Path, sha: str, out: Path, llama_lib: Path | None) -> int:
+    """Qwen2 GGUFs: ids from transformers' tokenizer built from the GGUF, each checked
+    against llama.cpp's tokenizer on the same file where a build is found."""
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+
+    reader = GGUFReader(str(model_path))
+    pre = reader.fields["tokenizer.ggml.pre"].contents()
+    add_bos = reader.fields["tokenizer.ggml.add_bos_token"].contents()
+    assert pre == "qwen2" and add_bos is False, (pre, add_bos)
+    gguf_template = reader.fields["tokenizer.chat_template"].contents()
+    del reader
+
+    hf_tok = AutoTokenizer.from_pretrained(str(model_path.parent), gguf_file=model_path.name)
+    assert hf_tok.chat_template == gguf_template, "transformers did not take the GGUF's template"
+    llama_tok = None
+    if llama_lib is not None:
+        llama_tok = LlamaCppTokenizer(llama_lib, model_path)
+        print(f"llama.cpp tokenizer: {llama_tok.source}")
+    else:
+        print("llama.cpp tokenizer: not found; ids are NOT cross-checked", file=sys.stderr)
+
+    def encode(text: str) -> list[int]:
+        ids = hf_tok(text, add_special_tokens=False).input_ids
+        if llama_tok is not None:
+            lids = llama_tok.encode(text)
+            assert lids == ids, f"transformers {ids} vs llama.cpp {lids} for {text!r}"
+        return ids
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_path.parent),
+        gguf_file=model_path.name,
+        dtype=torch.float32,
+        attn_implementation="eager",
+    )
+    model.eval()
+    assert model.dtype == torch.float32
+    vocab = model.config.vocab_size
+
+    def chat(msgs):
+        return hf_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+    prompt_specs = [
+        ("capital_france", "The capital of France is", None),
+        ("code", QWEN_CODE_PROMPT, None),
+        ("prose", QWEN_PROSE_PROMPT, None),
+        ("mixed_unicode", QWEN_MIXED_PROMPT, None),
+        ("chat_code", chat(QWEN_CHAT_MESSAGES), QWEN_CHAT_MESSAGES),
+        ("chat_multi_turn", chat(QWEN_CHAT_MULTI_MESSAGES), QWEN_CHAT_MULTI_MESSAGES),
+    ]
+    greedy_key = f"greedy{QWEN_GREEDY_STEPS}"
+
+    prompts = []
+    min_margin = (float("inf"), None, None)
+    for name, text, msgs in prompt_specs:
+        ids = encode(text)
+        assert hf_tok.decode(ids, skip_special_tokens=False) == text, f"{name}: round-trip failed"
+        logits = forward_logits(model, ids)
+        assert logits.shape == (len(ids), vocab), logits.shape
+        assert torch.isfinite(logits).all()
+        argmax, margin = argmax_and_margin(logits)
+        top = torch.topk(logits[-1], TOP_K)
+        top20 = [[int(i), round(float(v), LOGIT_DECIMALS)] for i, v in zip(top.indices, top.values)]
+        g_ids, g_margin = greedy(model, ids, QWEN_GREEDY_STEPS)
+        assert g_ids[0] == argmax[-1], (name, g_ids[0], argmax[-1])
+        g_text = hf_tok.decode(g_ids, skip_special_tokens=False)
+        pos = int(np.argmin(margin))
+        if margin[pos] < min_margin[0]:
+            min_margin = (margin[pos], name, pos)
+        prompts.append(
+            {
+                "name": name,
+                "text": text,
+                "chat_messages": msgs,
+                "ids": ids,
+                "argmax": argmax,
+                "margin": margin,
+                "top20": top20,
+                greedy_key: g_ids,
+                f"{greedy_key}_margin": g_margin,
+                f"{greedy_key}_text": g_text,
+            }
+        )
+        print(f"\n[{name}] {len(ids)} ids; min argmax margin {margin[pos]:.6f} at pos {pos}; "
+              f"min greedy margin {min(g_margin):.6f}; top-1 logit {top20[0][1]:.4f}")
+        print(f"  {greedy_key}: {g_text!r}")
+
+    print(f"\nsmallest argmax margin over all prompts: {min_margin[0]:.6f} "
+          f"({min_margin[1]}, position {min_margin[2]})")
+
+    cases = []
+    print("\ntokenizer cases (transformers_gguf vs llama.cpp):")
+    for text in QWEN_TOKENIZER_CASES:
+        a = hf_tok(text, add_special_tokens=False).input_ids
+        b = llama_tok.encode(text) if llama_tok is not None else None
+        assert hf_tok.decode(a, skip_special_tokens=False) == text, f"round-trip failed: {text!r}"
+        cases.append({"text": text, "ids_transformers_gguf": a, "ids_llama_cpp": b})
+        flag = "-" if b is None else ("same" if a == b else "DIFFER")
+        print(f"  {flag:6s} {text!r}: {a}" + ("" if b is None or a == b else f" vs {b}"))
+    n_diff = sum(c["ids_llama_cpp"] is not None and c["ids_llama_cpp"] != c["ids_transformers_gguf"]
+                 for c in cases)
+    print(f"  {n_diff}/{len(cases)} cases differ")
+
+    doc = {
+        "model_file": model_path.name,
+        "model_sha256": sha,
+        "generator": {
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "tokenizers": tokenizers.__version__,
+            "gguf": importlib.metadata.version("gguf"),
+            "script": "tools/reference/make_golden.py",
+            "tokenizer_cross_check": None if llama_tok is None else (
+                f"every prompt's ids equal llama.cpp's ({llama_tok.source}, llama_tokenize "
+                "add_special=false, parse_special=true); "
+                "tokenizer_cases.ids_llama_cpp likewise"),
+            "notes": "float32 (GGUF dequantized by transformers), CPU, eager attention, "
+                     "ids from transformers' tokenizer built from the GGUF "
+                     "(AutoTokenizer gguf_file; pre-tokenizer qwen2), no BOS; chat prompts "
+                     "rendered with the GGUF's chat template (add_generation_prompt); "
+                     "argmax/margin/top20 from one full-sequence forward; "
+                     f"{greedy_key} by re-running the full sequence each step, no EOS stop; "
+                     f"{greedy_key}_text is transformers' decode of those ids.",
+        },
+        "greedy_steps": QWEN_GREEDY_STEPS,
+        "prompts": prompts,
+        "tokenizer_cases": cases,
+    }
+    write_doc(doc, out)
     return 0
+
+
+def resolve_model_arg(arg: str) -> Path:
+    """A path, or a tools/fetch_model.py name (looked up in the user cache)."""
+    if arg in FETCH_NAMES:
+        base = Path(os.environ.get("TESSERA_CACHE", Path.home() / ".cache/tessera"))
+        return base / "models" / FETCH_NAMES[arg]
+    return Path(arg)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=str, default=os.environ.get("TESSERA_MODEL", str(DEFAULT_MODEL)),
+                    help="GGUF path, or qwen2.5-coder-0.5b / qwen2.5-coder-1.5b (in the cache)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: tests/golden/<the model's golden> for a known model file")
+    ap.add_argument("--llama-cpp-lib", type=str, default=None,
+                    help="folder with libllama.so to cross-check Qwen token ids "
+                         "(default: found under ~/.cache/tessera/llama.cpp; 'none' skips)")
+    args = ap.parse_args()
+
+    model_path: Path = resolve_model_arg(args.model).resolve()
+    if not model_path.is_file():
+        print(f"model file not found: {model_path}", file=sys.stderr)
+        return 1
+    known = KNOWN_MODELS.get(model_path.name)
+    out = args.out
+    if out is None:
+        if known is None:
+            print(f"unknown model file {model_path.name}: give --out", file=sys.stderr)
+            return 1
+        out = REPO_ROOT / "tests/golden" / known[0]
+    sha = sha256_file(model_path)
+    expected = known[1] if known else EXPECTED_SHA256
+    if sha != expected:
+        print(f"WARNING: sha256 {sha} != expected {expected}", file=sys.stderr)
+
+    pre = GGUFReader(str(model_path)).fields["tokenizer.ggml.pre"].contents()
+    if pre == "smollm":
+        return smollm_golden(model_path, sha, out)
+    if pre == "qwen2":
+        if args.llama_cpp_lib == "none":
+            lib = None
+        elif args.llama_cpp_lib:
+            lib = Path(args.llama_cpp_lib)
+        else:
+            lib = find_llama_cpp_lib()
+        return qwen2_golden(model_path, sha, out, lib)
+    print(f"no golden recipe for tokenizer.ggml.pre = {pre!r}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -117,11 +117,6 @@ pub fn stream_dot_generic(dtype: DType, x: &[f32], row: &[u8]) -> f32 {
     s
 }
 
-thread_local! {
-    /// The stream kernel's decoded weight rows (ggml types on AVX2).
-    static DECODED: std::cell::RefCell<crate::aligned::AlignedF32> =
-        const { std::cell::RefCell::new(crate::aligned::AlignedF32::new()) };
-}
 
 /// Writes `vals` (plus the bias) to `out[row, col0 .. col0 + vals.len()]`.
 #[inline]
@@ -205,27 +200,14 @@ fn stream_tile(
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2Fma {
         use crate::x86::avx2_exact as ax;
-        // The ggml types are decoded to f32 rows in L1 first, then run as f32 weights (the
-        // same canonical order, so the same bits as any other tile).
-        let decoded = ax::code(dtype).is_none();
-        let mut dec = DECODED.with(|d| std::mem::take(&mut *d.borrow_mut()));
-        if decoded {
-            dec.grow(nr * k);
-            for b in 0..nr {
-                crate::gemm::dequantize(isa, dtype, w.row(j0 + b), &mut dec[b * k..(b + 1) * k]);
-            }
+        // The ggml types: decoded chunk by chunk into L1, then the f32 tile (`decoded`).
+        if ax::code(dtype).is_none() {
+            return decoded::stream_tile(isa, dtype, mr, nr, x, k, i0, w, j0);
         }
-        let wrow = |b: usize| -> *const u8 {
-            if decoded {
-                dec[b * k..].as_ptr() as *const u8
-            } else {
-                w.row(j0 + b).as_ptr()
-            }
-        };
         macro_rules! run {
             ($DT:expr, $MR:literal, $NR:literal) => {{
                 let xp: [*const f32; $MR] = std::array::from_fn(|a| xrow(a).as_ptr());
-                let wp: [*const u8; $NR] = std::array::from_fn(wrow);
+                let wp: [*const u8; $NR] = std::array::from_fn(|b| w.row(j0 + b).as_ptr());
                 // SAFETY: AVX2+FMA+F16C checked via `Isa`; every activation row holds `k`
                 // values and every stored row `k` elements of `dtype` (checked at load).
                 let r = unsafe { ax::stream_tile::<{ $DT }, $MR, $NR>(xp, wp, k) };
@@ -235,7 +217,6 @@ fn stream_tile(
                         v[a * $NR + b] = r[a][b];
                     }
                 }
-                DECODED.with(|d| *d.borrow_mut() = dec);
                 return v;
             }};
         }
@@ -256,7 +237,6 @@ fn stream_tile(
             };
         }
         match dtype {
-            _ if decoded => tiles!(ax::F32),
             DType::F32 => tiles!(ax::F32),
             DType::F16 => tiles!(ax::F16),
             DType::BF16 => tiles!(ax::BF16),
@@ -278,6 +258,7 @@ fn stream_tile(
 }
 
 mod ahead;
+mod decoded;
 pub(crate) mod outer;
 pub(crate) mod packed;
 mod panel_pack;

@@ -14,7 +14,7 @@ use tessera_core::DType;
 /// Horizontal sum in the canonical lane tree: (lo + hi) → pairs → last two.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
     let s = _mm_add_ss(q, _mm_shuffle_ps(q, q, 0b01));
@@ -212,6 +212,36 @@ pub unsafe fn tile_f32<const MR: usize, const NR: usize>(
         }
     }
     out
+}
+
+/// [`tile_f32`]'s K loop over `len` elements (a multiple of 8) with the accumulators kept by
+/// the caller: running it over consecutive K ranges, then [`hsum`] of each accumulator, is
+/// [`tile_f32`] over the whole K (no tail), bit for bit.
+///
+/// # Safety
+/// AVX2+FMA available; every `x[m]` and `w[n]` valid for `len` f32 reads.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn tile_f32_acc<const MR: usize, const NR: usize>(
+    x: [*const f32; MR],
+    w: [*const f32; NR],
+    len: usize,
+    acc: &mut [[__m256; NR]; MR],
+) {
+    debug_assert!(len.is_multiple_of(8));
+    let mut i = 0;
+    while i < len {
+        let mut xv = [_mm256_setzero_ps(); MR];
+        for m in 0..MR {
+            xv[m] = _mm256_loadu_ps(x[m].add(i));
+        }
+        for n in 0..NR {
+            let wv = _mm256_loadu_ps(w[n].add(i));
+            for m in 0..MR {
+                acc[m][n] = _mm256_fmadd_ps(xv[m], wv, acc[m][n]);
+            }
+        }
+        i += 8;
+    }
 }
 
 /// `y += a · x` (fused multiply-add per element).

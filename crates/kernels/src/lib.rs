@@ -42,6 +42,7 @@ pub mod ops;
 pub mod packed;
 pub mod plan;
 pub mod planner;
+pub mod qk;
 pub mod quant_acts;
 pub mod variants;
 #[cfg(target_arch = "x86_64")]

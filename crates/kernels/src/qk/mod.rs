@@ -30,6 +30,12 @@ use crate::isa::Isa;
 use crate::quant_acts::QuantizedActs;
 
 mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_k;
+#[cfg(target_arch = "x86_64")]
+mod x86_small;
 
 #[cfg(test)]
 mod tests;
@@ -154,10 +160,8 @@ pub struct QkActs {
     /// Q8_K: 16 sums of 16 quants per block.
     bsums: Vec<i16>,
     /// Q8_K: 8 sums of 32 quants per block.
-    #[allow(dead_code)] // read by the SIMD kernels
     bsums32: Vec<i16>,
     /// 32-element blocks: the quant sum, and `d · Σq`.
-    #[allow(dead_code)] // read by the SIMD kernels
     qsum: Vec<i32>,
     s: Vec<f32>,
 }
@@ -343,6 +347,17 @@ pub fn tile_with(
     }
     match kernel {
         Kernel::Portable => portable::tile(f, acts, i0, mr, rows, out),
-        _ => panic!("qk: the {kernel:?} kernels are not written yet"),
+        #[cfg(target_arch = "x86_64")]
+        _ => {
+            assert!(
+                kernel.available(),
+                "qk: this CPU lacks the {kernel:?} kernels"
+            );
+            // SAFETY: the CPU has the kernel's features (checked just above); the tile's
+            // rows, activation rows and output sizes were checked above.
+            unsafe { x86::tile(kernel, f, acts, i0, mr, rows, out) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => panic!("qk: the {kernel:?} kernels need x86-64"),
     }
 }

@@ -18,7 +18,15 @@ const TYPES: [DType; 9] = [
 
 /// The kernel sets this CPU runs.
 fn kernels() -> Vec<Kernel> {
-    vec![Kernel::Portable]
+    [
+        Kernel::Portable,
+        Kernel::Avx2,
+        Kernel::Avx512,
+        Kernel::Avx512Vnni,
+    ]
+    .into_iter()
+    .filter(|k| k.available())
+    .collect()
 }
 
 /// A random f16 scale: sign, magnitude 2^-12 .. 2^2, or now and then zero.

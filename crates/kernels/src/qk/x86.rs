@@ -1,0 +1,217 @@
+//! The x86 kernels' common loop: weight rows in chunks of 4, and per block
+//! - each row's integer dot against every activation row of the tile ([`super::x86_k`],
+//!   [`super::x86_small`]: lanes of 32-bit partial sums, exact), the weight block decoded
+//!   once for all activation rows;
+//! - the 4 rows' lanes summed horizontally to one `isum` (and `msum`) per row ([`hsum4`]);
+//! - the float step of [`super::combine`] on 4 elements at once (lane `r` is row `r`'s
+//!   element: the same operations, in the same order, as the portable kernel's).
+//!
+//! Invariants for every `unsafe fn` here and in the dot modules: the CPU has the features
+//! of its `#[target_feature]`; `w` points at a whole weight block; [`ActRows`] points at
+//! `MR` activation rows of the tile with every block of a row readable at `b < blocks`.
+
+use std::arch::x86_64::*;
+
+use super::{block_len, fmt, layout, Kernel, MinKind, QkActs};
+
+/// The activation rows of a tile: row starts of each array of [`QkActs`].
+pub(super) struct ActRows<const MR: usize> {
+    pub q: [*const i8; MR],
+    pub d: [*const f32; MR],
+    pub s: [*const f32; MR],
+    pub qsum: [*const i32; MR],
+    pub bs: [*const i16; MR],
+    pub bs32: [*const i16; MR],
+}
+
+impl<const MR: usize> ActRows<MR> {
+    fn new(x: &QkActs, i0: usize) -> Self {
+        let nb = x.blocks();
+        // Arrays a format does not use are empty: their pointers are never read.
+        ActRows {
+            q: std::array::from_fn(|a| x.qs.as_ptr().wrapping_add((i0 + a) * x.k)),
+            d: std::array::from_fn(|a| x.d.as_ptr().wrapping_add((i0 + a) * nb)),
+            s: std::array::from_fn(|a| x.s.as_ptr().wrapping_add((i0 + a) * nb)),
+            qsum: std::array::from_fn(|a| x.qsum.as_ptr().wrapping_add((i0 + a) * nb)),
+            bs: std::array::from_fn(|a| x.bsums.as_ptr().wrapping_add((i0 + a) * nb * 16)),
+            bs32: std::array::from_fn(|a| x.bsums32.as_ptr().wrapping_add((i0 + a) * nb * 8)),
+        }
+    }
+}
+
+/// One weight block's integer dots with `MR` activation rows: lanes summing to `isum` and
+/// to `msum` (zero for formats without minimums).
+pub(super) struct Sums<const MR: usize> {
+    pub i: [__m256i; MR],
+    pub m: [__m256i; MR],
+}
+
+/// Runs the tile on `kernel` (not [`Kernel::Portable`]).
+///
+/// # Safety
+/// The CPU has `kernel`'s features; `rows`, `acts`, `i0`, `mr` and `out` as checked by
+/// [`super::tile_with`].
+pub(super) unsafe fn tile(
+    kernel: Kernel,
+    f: u8,
+    acts: &QkActs,
+    i0: usize,
+    mr: usize,
+    rows: &[&[u8]],
+    out: &mut [f32],
+) {
+    macro_rules! by_fmt {
+        ($drive:ident, $mr:literal) => {
+            match f {
+                fmt::Q5_0 => $drive::<$mr, { fmt::Q5_0 }>(acts, i0, rows, out),
+                fmt::Q5_1 => $drive::<$mr, { fmt::Q5_1 }>(acts, i0, rows, out),
+                fmt::IQ4_NL => $drive::<$mr, { fmt::IQ4_NL }>(acts, i0, rows, out),
+                fmt::Q2_K => $drive::<$mr, { fmt::Q2_K }>(acts, i0, rows, out),
+                fmt::Q3_K => $drive::<$mr, { fmt::Q3_K }>(acts, i0, rows, out),
+                fmt::Q4_K => $drive::<$mr, { fmt::Q4_K }>(acts, i0, rows, out),
+                fmt::Q5_K => $drive::<$mr, { fmt::Q5_K }>(acts, i0, rows, out),
+                fmt::Q6_K => $drive::<$mr, { fmt::Q6_K }>(acts, i0, rows, out),
+                _ => $drive::<$mr, { fmt::IQ4_XS }>(acts, i0, rows, out),
+            }
+        };
+    }
+    macro_rules! by_mr {
+        ($drive:ident) => {
+            match mr {
+                1 => by_fmt!($drive, 1),
+                2 => by_fmt!($drive, 2),
+                3 => by_fmt!($drive, 3),
+                _ => by_fmt!($drive, 4),
+            }
+        };
+    }
+    match kernel {
+        Kernel::Avx2 => by_mr!(drive_avx2),
+        Kernel::Avx512 => by_mr!(drive_avx512),
+        Kernel::Avx512Vnni => by_mr!(drive_vnni),
+        Kernel::Portable => unreachable!("the portable kernel is not an x86 one"),
+    }
+}
+
+/// `[Σ v[0], Σ v[1], Σ v[2], Σ v[3]]` of the 8 lanes of each vector (exact: the sums fit).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn hsum4(v: &[__m256i; 4]) -> __m128i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h = _mm256_hadd_epi32(h01, h23);
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
+}
+
+/// The f16 at byte `off` of each of the first `cnt` blocks `w[r]`, widened (others 0).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16x4(w: &[*const u8; 4], cnt: usize, off: usize) -> __m128 {
+    let h = |r: usize| {
+        if r < cnt {
+            std::ptr::read_unaligned(w[r].add(off) as *const i16)
+        } else {
+            0
+        }
+    };
+    _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
+}
+
+/// Generates the loop for one kernel set: `$dot::<MR, F>(w, acts, b)` gives a block's
+/// [`Sums`].
+macro_rules! driver {
+    ($name:ident, $features:literal, $dot:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const MR: usize, const F: u8>(
+            acts: &QkActs,
+            i0: usize,
+            rows: &[&[u8]],
+            out: &mut [f32],
+        ) {
+            let (bb, d_off, m_off, min) = layout(F);
+            let (nb, nr) = (acts.k / block_len(F), rows.len());
+            let x = ActRows::<MR>::new(acts, i0);
+            let sign = _mm_set1_ps(-0.0);
+            for c0 in (0..nr).step_by(4) {
+                let cnt = (nr - c0).min(4);
+                let w: [*const u8; 4] = std::array::from_fn(|r| rows[c0 + r.min(cnt - 1)].as_ptr());
+                let mut acc = [_mm_setzero_ps(); MR];
+                for b in 0..nb {
+                    let mut si = [[_mm256_setzero_si256(); 4]; MR];
+                    let mut sm = [[_mm256_setzero_si256(); 4]; MR];
+                    for r in 0..4 {
+                        if r < cnt {
+                            let s = $dot::<MR, F>(w[r].add(b * bb), &x, b);
+                            for a in 0..MR {
+                                si[a][r] = s.i[a];
+                                sm[a][r] = s.m[a];
+                            }
+                        }
+                    }
+                    let wb: [*const u8; 4] = std::array::from_fn(|r| w[r].add(b * bb));
+                    let dw = f16x4(&wb, cnt, d_off);
+                    let mw = if min == MinKind::None {
+                        _mm_setzero_ps()
+                    } else {
+                        f16x4(&wb, cnt, m_off)
+                    };
+                    for a in 0..MR {
+                        let da = _mm_set1_ps(*x.d[a].add(b));
+                        let isum = _mm_cvtepi32_ps(hsum4(&si[a]));
+                        acc[a] = _mm_fmadd_ps(isum, _mm_mul_ps(dw, da), acc[a]);
+                        match min {
+                            MinKind::None => {}
+                            MinKind::Int => {
+                                let msum = _mm_cvtepi32_ps(hsum4(&sm[a]));
+                                let neg = _mm_xor_ps(_mm_mul_ps(mw, da), sign);
+                                acc[a] = _mm_fmadd_ps(msum, neg, acc[a]);
+                            }
+                            MinKind::Float => {
+                                acc[a] = _mm_fmadd_ps(mw, _mm_set1_ps(*x.s[a].add(b)), acc[a]);
+                            }
+                        }
+                    }
+                }
+                for (a, v) in acc.iter().enumerate() {
+                    let mut lanes = [0f32; 4];
+                    _mm_storeu_ps(lanes.as_mut_ptr(), *v);
+                    out[a * nr + c0..a * nr + c0 + cnt].copy_from_slice(&lanes[..cnt]);
+                }
+            }
+        }
+    };
+}
+
+driver!(drive_avx2, "avx2,fma,f16c", dot_avx2);
+driver!(
+    drive_avx512,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
+    dot_avx2
+);
+driver!(
+    drive_vnni,
+    "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+    dot_avx2
+);
+
+/// The AVX2 dot of format `F`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2<const MR: usize, const F: u8>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
+    use super::{x86_k as k, x86_small as s};
+    match F {
+        fmt::Q5_0 => s::q5::<MR, true>(w, x, b),
+        fmt::Q5_1 => s::q5::<MR, false>(w, x, b),
+        fmt::IQ4_NL => s::iq4nl::<MR>(w, x, b),
+        fmt::Q2_K => k::q2k::<MR>(w, x, b),
+        fmt::Q3_K => k::q3k::<MR>(w, x, b),
+        fmt::Q4_K => k::q4k::<MR, false>(w, x, b),
+        fmt::Q5_K => k::q4k::<MR, true>(w, x, b),
+        fmt::Q6_K => k::q6k::<MR>(w, x, b),
+        _ => k::iq4xs::<MR>(w, x, b),
+    }
+}

@@ -186,15 +186,17 @@ fn family_gflops(family: KernelFamily) -> f64 {
     match family {
         KernelFamily::F32Dot => tile_gflops(family, F32Kernel::Panel, 3, 4),
         KernelFamily::Q8Interleaved => tile_gflops(family, F32Kernel::Panel, 2, 8),
+        KernelFamily::QkDot => tile_gflops(family, F32Kernel::Panel, 2, 8),
     }
 }
 
 /// The (family, kernel) pairs whose tiles the profile rates.
-const RATED: [(KernelFamily, F32Kernel); 4] = [
+const RATED: [(KernelFamily, F32Kernel); 5] = [
     (KernelFamily::F32Dot, F32Kernel::Panel),
     (KernelFamily::F32Dot, F32Kernel::Stream),
     (KernelFamily::F32Dot, F32Kernel::Packed),
     (KernelFamily::Q8Interleaved, F32Kernel::Panel),
+    (KernelFamily::QkDot, F32Kernel::Panel),
 ];
 
 /// Measured throughput of every register tile of every kernel.
@@ -206,7 +208,7 @@ pub fn tile_rates() -> Vec<crate::cost::TileRate> {
             (KernelFamily::F32Dot, F32Kernel::Stream) => crate::exact::stream_tiles(DType::Q4_1),
             (KernelFamily::F32Dot, F32Kernel::Packed) => crate::exact::packed_tiles(),
             (KernelFamily::F32Dot, _) => kernel.tiles(),
-            (KernelFamily::Q8Interleaved, _) => family.tiles(),
+            (KernelFamily::Q8Interleaved | KernelFamily::QkDot, _) => family.tiles(),
         };
         for &(mr, nr) in tiles {
             v.push(crate::cost::TileRate {
@@ -243,6 +245,7 @@ pub fn tile_gflops(family: KernelFamily, kernel: F32Kernel, mr: usize, nr: usize
         (KernelFamily::F32Dot, F32Kernel::Stream) => DType::Q4_1,
         (KernelFamily::F32Dot, _) => DType::F32,
         (KernelFamily::Q8Interleaved, _) => DType::Q4_1,
+        (KernelFamily::QkDot, _) => DType::Q4_K,
     };
     tile_gflops_on(family, kernel, dtype, mr, nr)
 }
@@ -265,7 +268,7 @@ pub fn tile_gflops_on(
     let pool = ThreadPool::new(1);
     let precision = match family {
         KernelFamily::F32Dot => Precision::Exact,
-        KernelFamily::Q8Interleaved => Precision::Fast,
+        KernelFamily::Q8Interleaved | KernelFamily::QkDot => Precision::Fast,
     };
     // As the model loads them (the exact stream kernel reads the repack wherever AVX2 runs).
     let w = weight(dtype, n, k, crate::wants_repack(precision));

@@ -99,6 +99,7 @@ pub fn kernel_name(f: KernelFamily, kernel: F32Kernel) -> &'static str {
         (KernelFamily::F32Dot, F32Kernel::Stream) => "f32stream",
         (KernelFamily::F32Dot, F32Kernel::Packed) => "f32packed",
         (KernelFamily::Q8Interleaved, _) => "q8x8",
+        (KernelFamily::QkDot, _) => "qkdot",
     }
 }
 
@@ -168,7 +169,7 @@ impl MachineProfile {
         }
         let peak = match family {
             KernelFamily::F32Dot => self.f32_gflops_per_core,
-            KernelFamily::Q8Interleaved => self.q8_gflops_per_core,
+            KernelFamily::Q8Interleaved | KernelFamily::QkDot => self.q8_gflops_per_core,
         };
         let eff = tile_efficiency(family, mr, nr, k);
         match (family, kernel) {
@@ -228,6 +229,12 @@ pub fn tile_efficiency(family: KernelFamily, mr: usize, nr: usize, k: usize) -> 
             // Per block: weight unpacking (~12 ops) shared by the rows, ~18 ops per row.
             let r = mr as f64;
             (r * 18.0) / (r * 18.0 + 12.0)
+        }
+        KernelFamily::QkDot => {
+            // Per 32 weights: unpacking and sub-block scales (~16 ops) shared by the rows,
+            // ~12 ops of integer dots per row.
+            let r = mr as f64;
+            (r * 12.0) / (r * 12.0 + 16.0)
         }
     }
 }
@@ -526,7 +533,7 @@ fn predict_panel_us(
     let mut mem_ns = weight_bytes / dram_bw;
     let act_bytes_per_row = match t.family {
         KernelFamily::F32Dot => kf * 4.0,
-        KernelFamily::Q8Interleaved => kf * 1.125,
+        KernelFamily::Q8Interleaved | KernelFamily::QkDot => kf * 1.125,
     };
     // Activations are re-read once per weight block; from L2 if the unit's rows fit.
     let act_bytes = mm * act_bytes_per_row;
@@ -552,7 +559,7 @@ fn predict_panel_us(
                 extra_ns += flops * 0.2 / rate; // the tile streams weights from L3
             }
         }
-        KernelFamily::Q8Interleaved => {
+        KernelFamily::Q8Interleaved | KernelFamily::QkDot => {
             // Weight blocks are re-read per m block (from L2 when the block fits).
             let blk = nc * kf * bpw;
             let bw = if blk <= p.l2_bytes as f64 * 0.5 {

@@ -152,6 +152,71 @@ pub fn execute(
                 q8_range(isa, plan, &xq, n, pw, bias, rows, groups, out_ptr);
             })
         }
+        KernelFamily::QkDot => {
+            let xq = crate::qk::QkActs::quantize(w.dtype(), x, m, k);
+            pool.run(|u| {
+                if u >= units {
+                    return;
+                }
+                let rows = split_range(m, m_parts, u / n_parts);
+                let cols = split_range_aligned(n, n_parts, u % n_parts, GROUP);
+                qk_range(isa, plan, &xq, n, w, bias, rows, cols, out_ptr);
+            })
+        }
+    }
+}
+
+/// Runs a [`KernelFamily::QkDot`] plan over activation rows `rows` and weight rows `cols`:
+/// blocks of `nc` weight rows, then of `mc` activation rows, then `mr × nr` tiles.
+#[allow(clippy::too_many_arguments)]
+fn qk_range(
+    isa: Isa,
+    plan: &Plan,
+    xq: &crate::qk::QkActs,
+    n: usize,
+    w: &GemmWeight,
+    bias: Option<&[f32]>,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    out: DisjointMut<f32>,
+) {
+    use crate::qk::{MAX_MR, MAX_NR};
+    let t = &plan.tile;
+    let (mr, nr) = (t.mr.clamp(1, MAX_MR), t.nr.clamp(1, MAX_NR));
+    let nc = t.nc.max(nr);
+    let dtype = w.dtype();
+    let mut vals = [0f32; MAX_MR * MAX_NR];
+    let mut n0 = cols.start;
+    while n0 < cols.end {
+        let n1 = (n0 + nc).min(cols.end);
+        let mut m0 = rows.start;
+        while m0 < rows.end {
+            let m1 = (m0 + t.mc.max(1)).min(rows.end);
+            let mut j = n0;
+            while j < n1 {
+                let nj = nr.min(n1 - j);
+                let wrows: [&[u8]; MAX_NR] = std::array::from_fn(|b| w.row(j + b.min(nj - 1)));
+                let mut i = m0;
+                while i < m1 {
+                    let mi = mr.min(m1 - i);
+                    crate::qk::tile(isa, dtype, xq, i, mi, &wrows[..nj], &mut vals);
+                    for a in 0..mi {
+                        crate::exact::write_row(
+                            out,
+                            n,
+                            i + a,
+                            j,
+                            &vals[a * nj..(a + 1) * nj],
+                            bias,
+                        );
+                    }
+                    i += mi;
+                }
+                j += nj;
+            }
+            m0 = m1;
+        }
+        n0 = n1;
     }
 }
 

@@ -22,8 +22,9 @@ pub fn matmul(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    // The fast path needs the repacked weight; without it the exact family runs.
-    let precision = if w.packed.is_some() {
+    // The fast path needs the repacked weight or a ggml type's integer dots; without them the
+    // exact family runs.
+    let precision = if w.packed.is_some() || crate::qk::supports(w.dtype()) {
         precision
     } else {
         Precision::Exact
@@ -129,7 +130,11 @@ mod tests {
                 let key = ShapeKey::new(m, k, n, dtype, precision, units);
                 let plans = planner.candidates(&key);
                 let fam = plans[0].tile.family;
-                let xr = if fam == KernelFamily::Q8Interleaved { dequantized_acts(&x, m, k) } else { x.clone() };
+                let xr = match fam {
+                    KernelFamily::Q8Interleaved => dequantized_acts(&x, m, k),
+                    KernelFamily::QkDot => crate::qk::QkActs::quantize(dtype, &x, m, k).dequantized(),
+                    KernelFamily::F32Dot => x.clone(),
+                };
                 let reference = matmul_reference(&xr, m, &w.parts[0], Some(&bias));
                 let first = run(&plans[0], &pool, &x, m, &w, Some(&bias));
                 for (a, b) in first.iter().zip(&reference) {
@@ -189,6 +194,17 @@ mod tests {
                             for i in 0..m {
                                 portable[i * n + j] =
                                     crate::generic::dot_f32(&x[i * k..(i + 1) * k], &wr);
+                            }
+                        }
+                    }
+                    KernelFamily::QkDot => {
+                        let q = crate::qk::QkActs::quantize(dtype, &x, m, k);
+                        for i in 0..m {
+                            for j in 0..n {
+                                let row = [w.row(j)];
+                                let mut v = [0f32; 1];
+                                crate::qk::tile(crate::Isa::Generic, dtype, &q, i, 1, &row, &mut v);
+                                portable[i * n + j] = v[0];
                             }
                         }
                     }

@@ -53,6 +53,10 @@ pub enum KernelFamily {
     /// Integer dot products of 8-row interleaved weights (repacked at load) with activations
     /// quantized to 8-bit blocks; per-block scales applied in f32.
     Q8Interleaved,
+    /// Integer dot products of stored rows of the ggml types (Q5_x, the K-quants, IQ4_x)
+    /// with activations quantized to Q8_K (8-bit 32-blocks for the 32-weight types), as
+    /// llama.cpp computes them; per-block scales applied in f32 (`crate::qk`).
+    QkDot,
 }
 
 impl KernelFamily {
@@ -62,6 +66,7 @@ impl KernelFamily {
             (Precision::Fast, DType::Q4_0 | DType::Q4_1 | DType::Q8_0) => {
                 KernelFamily::Q8Interleaved
             }
+            (Precision::Fast, d) if crate::qk::supports(d) => KernelFamily::QkDot,
             _ => KernelFamily::F32Dot,
         }
     }
@@ -80,6 +85,7 @@ impl KernelFamily {
                 (1, 1),
             ],
             KernelFamily::Q8Interleaved => &[(1, 8), (2, 8), (3, 8), (4, 8)],
+            KernelFamily::QkDot => crate::qk::TILES,
         }
     }
 }
@@ -200,6 +206,7 @@ impl fmt::Display for TilePlan {
         let family = match self.family {
             KernelFamily::F32Dot => format!("F32Dot/{}", self.kernel.name()),
             KernelFamily::Q8Interleaved => "Q8Interleaved".to_string(),
+            KernelFamily::QkDot => "QkDot".to_string(),
         };
         write!(
             f,

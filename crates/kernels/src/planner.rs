@@ -200,13 +200,13 @@ impl Planner {
             mc,
             nc,
             kc: kc.min(k),
-            pack_a: family == KernelFamily::Q8Interleaved,
+            pack_a: family != KernelFamily::F32Dot,
             pack_b: family == KernelFamily::Q8Interleaved
                 || kernel == F32Kernel::Packed
                 || (kernel == F32Kernel::Panel && dtype != DType::F32),
             split_k: 1,
             row_block: dtype.block_len(),
-            act_feed: if family == KernelFamily::Q8Interleaved {
+            act_feed: if family != KernelFamily::F32Dot {
                 ActFeed::Q8
             } else {
                 ActFeed::F32
@@ -219,7 +219,7 @@ impl Planner {
     pub fn kernels(family: KernelFamily) -> &'static [F32Kernel] {
         match family {
             KernelFamily::F32Dot => &[F32Kernel::Stream, F32Kernel::Packed],
-            KernelFamily::Q8Interleaved => &[F32Kernel::Panel],
+            KernelFamily::Q8Interleaved | KernelFamily::QkDot => &[F32Kernel::Panel],
         }
     }
 
@@ -261,7 +261,7 @@ impl Planner {
                 (KernelFamily::F32Dot, F32Kernel::Stream) => crate::exact::stream_tiles(dtype),
                 (KernelFamily::F32Dot, F32Kernel::Packed) => crate::exact::packed_tiles(),
                 (KernelFamily::F32Dot, _) => kernel.tiles(),
-                (KernelFamily::Q8Interleaved, _) => family.tiles(),
+                (KernelFamily::Q8Interleaved | KernelFamily::QkDot, _) => family.tiles(),
             };
             // The stream kernel has no activation blocks (mc = M); the packed one blocks K.
             let mcs = match kernel {
@@ -274,7 +274,9 @@ impl Planner {
             };
             for &kc in &kcs {
                 let ncs: Vec<usize> = match (family, kernel) {
-                    (KernelFamily::Q8Interleaved, _) => ladder(n8, &[8, 16, 32, 64, 128, 256, 512]),
+                    (KernelFamily::Q8Interleaved | KernelFamily::QkDot, _) => {
+                        ladder(n8, &[8, 16, 32, 64, 128, 256, 512])
+                    }
                     (_, F32Kernel::Stream) => ladder(n8, &[8, 16, 32, 64, 128, 256, 512])
                         .into_iter()
                         .filter(|&nc| nc as f64 * row_bytes <= l2 as f64 || nc <= 8)

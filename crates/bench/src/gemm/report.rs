@@ -26,6 +26,7 @@ pub fn plan_short(p: &Plan) -> String {
         (KernelFamily::F32Dot, F32Kernel::Packed) => ("p", format!(" k{}", t.kc)),
         (KernelFamily::F32Dot, F32Kernel::Panel) => ("panel ", String::new()),
         (KernelFamily::Q8Interleaved, _) => ("", String::new()),
+        (KernelFamily::QkDot, _) => ("qk ", String::new()),
     };
     format!("{kernel}{}x{} mc{} nc{}{kc} {par}", t.mr, t.nr, t.mc, t.nc)
 }

@@ -135,7 +135,7 @@ pub fn fixed_strategies(family: KernelFamily, units: usize) -> Vec<FixedStrategy
             FixedStrategy::new(2, 2, 32, 16, N),
             FixedStrategy::new(3, 4, 64, 32, Grid2),
         ],
-        KernelFamily::Q8Interleaved => &[
+        KernelFamily::Q8Interleaved | KernelFamily::QkDot => &[
             FixedStrategy::new(1, 8, 4, 64, N),
             FixedStrategy::new(2, 8, 16, 128, N),
             FixedStrategy::new(4, 8, 16, 64, N),

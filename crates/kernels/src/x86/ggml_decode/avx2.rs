@@ -5,8 +5,10 @@ use std::arch::x86_64::*;
 
 use tessera_core::ggml_quants::GgmlQuant;
 
-use super::unpack::{self, half_x8, halves2, i8x8_f32, iq4_table, load16, load8, store32, store8f};
-use super::{at, at_mut, bb, blocks, Unpacked};
+use super::unpack::{
+    self, half_x8, halves_x8, i8x8_f32, iq4_table, load16, load8, store32, store8f,
+};
+use super::{at, at_mut, bb, blocks, in_memory, Unpacked};
 
 /// Dequantizes `row` (whole blocks of `q`) into `out`, bitwise as the reference.
 ///
@@ -14,8 +16,6 @@ use super::{at, at_mut, bb, blocks, Unpacked};
 /// If `row` is not a whole number of blocks or `out` does not hold exactly their weights.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn dequantize(q: GgmlQuant, row: &[u8], out: &mut [f32]) {
-    let mut u = Unpacked::new();
-    let u = &mut u;
     macro_rules! each {
         ($Q:ident, $BL:literal, |$b:ident, $y:ident| $body:expr) => {
             for ($b, $y) in blocks::<{ bb(GgmlQuant::$Q) }, $BL>(row, out) {
@@ -23,32 +23,27 @@ pub(crate) fn dequantize(q: GgmlQuant, row: &[u8], out: &mut [f32]) {
             }
         };
     }
+    // The integer pass into an `Unpacked`, then the float pass over sub-blocks of S.
+    macro_rules! unpacked {
+        ($Q:ident, $unpack:path, $S:literal, $FMS:literal) => {{
+            let mut u = Unpacked::new();
+            each!($Q, 256, |b, y| {
+                $unpack(b, &mut u);
+                emit::<$S, $FMS>(&u, y)
+            })
+        }};
+    }
     match q {
-        GgmlQuant::Q4_K => each!(Q4_K, 256, |b, y| q4_k(b, y, u)),
-        GgmlQuant::Q6_K => each!(Q6_K, 256, |b, y| {
-            unpack::q6_k(b, u);
-            emit::<16, false>(u, y)
-        }),
+        GgmlQuant::Q4_K => each!(Q4_K, 256, |b, y| q4_k(b, y)),
+        GgmlQuant::Q6_K => unpacked!(Q6_K, unpack::q6_k, 16, false),
         GgmlQuant::Q5_0 => each!(Q5_0, 32, |b, y| q5::<false, _>(b, y)),
         GgmlQuant::Q5_1 => each!(Q5_1, 32, |b, y| q5::<true, _>(b, y)),
         GgmlQuant::Q8_K => each!(Q8_K, 256, |b, y| q8_k(b, y)),
-        GgmlQuant::Q5_K => each!(Q5_K, 256, |b, y| {
-            unpack::q5_k(b, u);
-            emit::<32, true>(u, y)
-        }),
+        GgmlQuant::Q5_K => unpacked!(Q5_K, unpack::q5_k, 32, true),
         GgmlQuant::IQ4_NL => each!(IQ4_NL, 32, |b, y| iq4_nl(b, y)),
-        GgmlQuant::IQ4_XS => each!(IQ4_XS, 256, |b, y| {
-            unpack::iq4_xs(b, u);
-            emit::<32, false>(u, y)
-        }),
-        GgmlQuant::Q3_K => each!(Q3_K, 256, |b, y| {
-            unpack::q3_k(b, u);
-            emit::<16, false>(u, y)
-        }),
-        GgmlQuant::Q2_K => each!(Q2_K, 256, |b, y| {
-            unpack::q2_k(b, u);
-            emit::<16, true>(u, y)
-        }),
+        GgmlQuant::IQ4_XS => unpacked!(IQ4_XS, unpack::iq4_xs, 32, false),
+        GgmlQuant::Q3_K => unpacked!(Q3_K, unpack::q3_k, 16, false),
+        GgmlQuant::Q2_K => unpacked!(Q2_K, unpack::q2_k, 16, true),
     }
 }
 
@@ -58,6 +53,7 @@ pub(crate) fn dequantize(q: GgmlQuant, row: &[u8], out: &mut [f32]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn emit<const S: usize, const FMS: bool>(u: &Unpacked, y: &mut [f32; 256]) {
+    let u = in_memory(u);
     for s in 0..256 / S {
         let d = _mm256_set1_ps(u.dl[s]);
         let m = _mm256_set1_ps(u.ml[s]);
@@ -78,15 +74,17 @@ fn emit<const S: usize, const FMS: bool>(u: &Unpacked, y: &mut [f32; 256]) {
 /// 64g + l) and high nibbles (64g + 32 + l) both taken from the dwords.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_k(b: &[u8; bb(GgmlQuant::Q4_K)], y: &mut [f32; 256], u: &mut Unpacked) {
-    unpack::k4_scales(b, u);
+fn q4_k(b: &[u8; bb(GgmlQuant::Q4_K)], y: &mut [f32; 256]) {
+    // `d * sc_j` at j, `dmin * m_j` at 8 + j.
+    let mut s = [0f32; 16];
+    let (dl, ml) = unpack::k4_scales(b);
+    store8f(at_mut(&mut s, 0), dl);
+    store8f(at_mut(&mut s, 8), ml);
+    let s = in_memory(&s);
     let m4 = _mm256_set1_epi32(0x0f);
     for g in 0..4 {
-        let (d1, m1) = (_mm256_set1_ps(u.dl[2 * g]), _mm256_set1_ps(u.ml[2 * g]));
-        let (d2, m2) = (
-            _mm256_set1_ps(u.dl[2 * g + 1]),
-            _mm256_set1_ps(u.ml[2 * g + 1]),
-        );
+        let (d1, m1) = (_mm256_set1_ps(s[2 * g]), _mm256_set1_ps(s[8 + 2 * g]));
+        let (d2, m2) = (_mm256_set1_ps(s[2 * g + 1]), _mm256_set1_ps(s[9 + 2 * g]));
         for i in 0..4 {
             let v = _mm256_cvtepu8_epi32(load8(at(b, 16 + 32 * g + 8 * i)));
             let lo = _mm256_cvtepi32_ps(_mm256_and_si256(v, m4));
@@ -148,9 +146,7 @@ fn q5<const ONE: bool, const BB: usize>(b: &[u8; BB], y: &mut [f32; 32]) {
             &mut buf,
             _mm256_or_si256(nib, _mm256_and_si256(high, _mm256_set1_epi8(0x10))),
         );
-        let h = halves2(at(b, 0));
-        d = _mm256_broadcastss_ps(h);
-        m = _mm256_broadcastss_ps(_mm_movehdup_ps(h));
+        (d, m) = halves_x8(at(b, 0));
     } else {
         // q - 16: the nibble where the bit is set, else `nibble | 0xf0` (nibble - 16).
         store32(

@@ -209,7 +209,8 @@ fn ggml_decode_rejects_a_partial_block() {
 }
 
 /// Nanoseconds per 256 weights of each type: the reference, AVX2 and AVX-512, decoding
-/// rows of 8 blocks' worth into an L1-resident buffer.
+/// rows of `GGML_DECODE_BLOCKS` (default 8) times 256 weights into an L1-resident,
+/// 64-byte aligned buffer.
 /// `cargo test --release -p tessera-kernels ggml_decode_speed -- --ignored --nocapture`
 #[test]
 #[ignore]
@@ -220,16 +221,21 @@ fn ggml_decode_speed() {
     let reference: Decoder = ("scalar", |q, r, o| dequantize_row(q, r, o).unwrap());
     let mut all = vec![reference];
     all.extend(decoders().into_iter().filter(|d| d.0 != "active"));
+    let ghz = (0..3).map(|_| ghz()).fold(0.0, f64::max);
+    println!("core clock about {ghz:.2} GHz");
     print!("{:8}", "ns/256");
     for d in &all {
         print!("{:>10}", d.0);
     }
     println!();
+    let blocks: usize = std::env::var("GGML_DECODE_BLOCKS").map_or(8, |v| v.parse().unwrap());
     for q in GgmlQuant::ALL {
-        let n = 2048;
+        let n = 256 * blocks;
         let x: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let row = tessera_core::ggml_quants::quantize_row(q, &x).unwrap();
-        let mut out = vec![0f32; n];
+        // 64-byte aligned, as the exact path's buffers (a split line per store otherwise).
+        let mut out_all = crate::aligned::AlignedF32::zeroed(n);
+        let out = &mut out_all[..];
         print!("{:8}", q.name());
         for &(_, f) in &all {
             let mut best = f64::MAX;
@@ -237,7 +243,7 @@ fn ggml_decode_speed() {
                 let reps = 2000;
                 let t = Instant::now();
                 for _ in 0..reps {
-                    f(q, black_box(&row), black_box(&mut out));
+                    f(q, black_box(&row), black_box(&mut *out));
                 }
                 best = best.min(t.elapsed().as_nanos() as f64 / reps as f64);
             }
@@ -245,4 +251,29 @@ fn ggml_decode_speed() {
         }
         println!();
     }
+}
+
+/// The core's clock, from a chain of dependent one-cycle register adds (adds of an
+/// immediate would not do: Golden Cove folds those at rename).
+fn ghz() -> f64 {
+    let n = 200_000_000u64;
+    let t = std::time::Instant::now();
+    let mut x = 0u64;
+    // SAFETY: register arithmetic only (a counted loop of adds), no memory or stack.
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            "add {x}, {x}",
+            "add {x}, {x}",
+            "add {x}, {x}",
+            "add {x}, {x}",
+            "sub {n}, 4",
+            "jnz 2b",
+            x = inout(reg) x,
+            n = inout(reg) n => _,
+            options(nomem, nostack),
+        );
+    }
+    std::hint::black_box(x);
+    n as f64 / t.elapsed().as_nanos() as f64
 }

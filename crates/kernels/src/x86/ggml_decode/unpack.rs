@@ -65,12 +65,14 @@ pub(super) fn i8x8_f32(b: &[u8; 8]) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load8(b)))
 }
 
-/// The half floats at `b[0..2]` and `b[2..4]` as lanes 0 and 1 (exact, as
-/// `half::f16::to_f32`; a signalling NaN comes out quiet, as there).
+/// The half floats at `b[0..2]` and `b[2..4]`, each in every lane (exact, as
+/// `half::f16::to_f32`; a signalling NaN comes out quiet, as there): a broadcast load, one
+/// conversion and two in-lane shuffles.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-pub(super) fn halves2(b: &[u8; 4]) -> __m128 {
-    _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from_le_bytes(*b)))
+pub(super) fn halves_x8(b: &[u8; 4]) -> (__m256, __m256) {
+    let dm = _mm256_cvtph_ps(_mm_set1_epi32(i32::from_le_bytes(*b)));
+    (_mm256_moveldup_ps(dm), _mm256_movehdup_ps(dm))
 }
 
 /// The half float at `b[0..2]` in every lane.
@@ -106,20 +108,17 @@ pub(super) fn scale_min_k4(s: &[u8; 12]) -> [u8; 16] {
     out
 }
 
-/// Q4_K/Q5_K (`b`: `d`, `dmin` at 0..4, scales at 4..16): `dl[j] = d * sc_j` and
-/// `ml[j] = dmin * m_j` for the 8 sub-blocks of 32.
+/// Q4_K/Q5_K (`b`: `d`, `dmin` at 0..4, scales at 4..16): `d * sc_j` and `dmin * m_j` for
+/// the 8 sub-blocks of 32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn k4_scales(b: &[u8], u: &mut Unpacked) {
+pub(super) fn k4_scales(b: &[u8]) -> (__m256, __m256) {
     let sm = scale_min_k4(at(b, 4));
-    let h = halves2(at(b, 0));
-    let d = _mm256_broadcastss_ps(h);
-    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(h));
+    let (d, dmin) = halves_x8(at(b, 0));
     let v = load16(&sm);
     let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
     let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(v)));
-    store8f(at_mut(&mut u.dl, 0), _mm256_mul_ps(d, sc));
-    store8f(at_mut(&mut u.ml, 0), _mm256_mul_ps(dmin, m));
+    (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, m))
 }
 
 /// `dl[s] = d * x_s` for 16 sub-blocks, `x` the 16 signed bytes `v` (exact products).
@@ -156,9 +155,7 @@ pub(super) fn q2_k(b: &[u8; bb(GgmlQuant::Q2_K)], u: &mut Unpacked) {
             _mm256_and_si256(_mm256_srli_epi16::<6>(q), m3),
         );
     }
-    let h = halves2(at(b, 80));
-    let d = _mm256_broadcastss_ps(h);
-    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(h));
+    let (d, dmin) = halves_x8(at(b, 80));
     let sc = load16(at(b, 0));
     let m4 = _mm_set1_epi8(0x0f);
     scales16(&mut u.dl, d, _mm_and_si128(sc, m4));
@@ -214,7 +211,9 @@ pub(super) fn q3_k(b: &[u8; bb(GgmlQuant::Q3_K)], u: &mut Unpacked) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn q5_k(b: &[u8; bb(GgmlQuant::Q5_K)], u: &mut Unpacked) {
-    k4_scales(b, u);
+    let (dl, ml) = k4_scales(b);
+    store8f(at_mut(&mut u.dl, 0), dl);
+    store8f(at_mut(&mut u.ml, 0), ml);
     let (m4, b4) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(0x10));
     // Bits 2g and 2g + 1 of qh[l] are the fifth bits of weights 64g + l and 64g + 32 + l;
     // `h` is qh shifted right by 2g (16-bit lanes: what spills in from the next byte lands
@@ -273,8 +272,16 @@ pub(super) fn q6_k(b: &[u8; bb(GgmlQuant::Q6_K)], u: &mut Unpacked) {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(super) fn iq4_table() -> __m256i {
-    let kv: [u8; 16] = KVALUES_IQ4NL.map(|v| v as u8);
-    _mm256_broadcastsi128_si256(load16(&kv))
+    const KV: [u8; 16] = {
+        let mut t = [0u8; 16];
+        let mut i = 0;
+        while i < 16 {
+            t[i] = KVALUES_IQ4NL[i] as u8;
+            i += 1;
+        }
+        t
+    };
+    _mm256_broadcastsi128_si256(load16(&KV))
 }
 
 /// IQ4_XS: `q` the levels `kvalues_iq4nl[nibble]`, `dl = d * (ls - 32)` per 32.

@@ -1,6 +1,8 @@
 //! The AVX-512 (F, BW, VL) float pass: 16 weights a vector. Besides the wider vectors, the
 //! 32-weight formats take their fifth bits as a mask register (one masked OR per vector),
-//! and the IQ4 levels come from a 16-float table by one permute (no conversion).
+//! and 4-bit quants become floats by one permute of a 16-float table (the IQ4 levels, or
+//! Q4_K's 0..=15) instead of a conversion: that runs on the shuffle port, which leaves the
+//! conversion-and-FMA port to the FMAs.
 
 use std::arch::x86_64::*;
 

@@ -7,7 +7,8 @@
 //! f32 (a half-float scale, 11 significant bits, times small integers: at most 23 bits), so
 //! only the last add or subtract rounds and an FMA (`fmsub(dl, q, ml)` for the reference's
 //! `dl * q - ml`, `fmadd(q, d, m)` for `q * d + m`) rounds exactly as the reference's two
-//! operations. Products that the reference takes in two steps (`(d * sc) * q`) are taken in
+//! operations, signed zeros included (a zero result of `x*y - z` has the sign IEEE gives
+//! `x*y + (-z)` either way). Products that the reference takes in two steps (`(d * sc) * q`) are taken in
 //! two steps here too: a zero factor's sign (`-0.0` against `+0.0`) and an infinite scale's
 //! `inf * 0 = NaN` depend on it. The integer work (unpacking bit fields, the IQ4 level
 //! table) is exact in any form, so it runs on 32 bytes at a time where the format allows.

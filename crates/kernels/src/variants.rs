@@ -33,7 +33,7 @@ pub mod qualify;
 
 /// Identifies the variant code that measurements were taken of: a cached choice made with an
 /// older kernel set is measured again. Change it whenever a variant or its twin changes.
-pub const KERNEL_SET: &str = "exact-avx512/1";
+pub const KERNEL_SET: &str = "exact-avx512/2";
 
 /// A kernel variant that runs only where it measured faster than its portable twin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,13 +46,21 @@ pub enum Variant {
     LowFieldQ4_1,
     /// Q8_0's low-field decode; twin: the general decode.
     LowFieldQ8_0,
+    /// The ggml types' (Q5_x, K-quants, IQ4_x) decode to f32 for the exact path in 512-bit
+    /// registers; twin: the AVX2 decode.
+    GgmlAvx512,
+    /// The fast path's integer dots on the ggml types in 512-bit registers (with VNNI where
+    /// the CPU has it); twin: the AVX2 integer dots.
+    QkAvx512,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 3] = [
+    pub const ALL: [Variant; 5] = [
         Variant::Avx512,
         Variant::LowFieldQ4_1,
         Variant::LowFieldQ8_0,
+        Variant::GgmlAvx512,
+        Variant::QkAvx512,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +68,8 @@ impl Variant {
             Variant::Avx512 => "avx512",
             Variant::LowFieldQ4_1 => "q4_1-low-field",
             Variant::LowFieldQ8_0 => "q8_0-low-field",
+            Variant::GgmlAvx512 => "ggml-decode-avx512",
+            Variant::QkAvx512 => "qk-dot-avx512",
         }
     }
 
@@ -68,6 +78,8 @@ impl Variant {
         match self {
             Variant::Avx512 => "avx2",
             Variant::LowFieldQ4_1 | Variant::LowFieldQ8_0 => "general decode",
+            Variant::GgmlAvx512 => "avx2 decode",
+            Variant::QkAvx512 => "avx2 integer dots",
         }
     }
 
@@ -141,7 +153,7 @@ mod variant_name {
 /// The variants to run: of those `supported`, each that has a timing and measured strictly
 /// faster than its twin. A variant without a timing, or one that measured slower or level,
 /// is not chosen; nor are the low-field decodes without [`Variant::Avx512`] (they are
-/// AVX-512 code).
+/// decodes inside its kernels).
 pub fn decide(supported: VariantSet, timings: &[Timing]) -> VariantSet {
     let mut chosen = VariantSet::NONE;
     for v in supported.iter() {
@@ -153,7 +165,9 @@ pub fn decide(supported: VariantSet, timings: &[Timing]) -> VariantSet {
         chosen = chosen.with(v, timed && faster);
     }
     if !chosen.has(Variant::Avx512) {
-        chosen = VariantSet::NONE;
+        chosen = chosen
+            .with(Variant::LowFieldQ4_1, false)
+            .with(Variant::LowFieldQ8_0, false);
     }
     chosen
 }
@@ -464,7 +478,11 @@ pub fn selection() -> &'static Selection {
         );
         if forced && supported {
             // `TESSERA_ISA=avx512`: the AVX-512 kernels whatever was measured.
-            sel.chosen = sel.chosen.with(Variant::Avx512, true);
+            sel.chosen = sel
+                .chosen
+                .with(Variant::Avx512, true)
+                .with(Variant::GgmlAvx512, true)
+                .with(Variant::QkAvx512, true);
             sel.forced = true;
         }
         if let Some(e) = &sel.cache_error {

@@ -35,6 +35,8 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_k;
 #[cfg(target_arch = "x86_64")]
+mod x86_k512;
+#[cfg(target_arch = "x86_64")]
 mod x86_small;
 
 #[cfg(test)]
@@ -155,8 +157,11 @@ pub struct QkActs {
     block: usize,
     /// Per block: the scale.
     d: Vec<f32>,
-    /// `m · k` quants, row-major.
+    /// `m · k` quants, row-major; for Q4_K and Q5_K ([`QkActs::nibble_order`]) the middle
+    /// two 32-element quarters of each 128 swapped.
     qs: Vec<i8>,
+    /// Whether `qs` is in the nibble order.
+    nibble_order: bool,
     /// Q8_K: 16 sums of 16 quants per block.
     bsums: Vec<i16>,
     /// Q8_K: 8 sums of 32 quants per block.
@@ -192,6 +197,7 @@ impl QkActs {
                 bsums32: Vec::new(),
                 qsum: q.qsum,
                 s: q.s,
+                nibble_order: false,
             };
         }
         let nb = m * k / QK_K;
@@ -207,13 +213,21 @@ impl QkActs {
             bsums32: Vec::with_capacity(nb * 8),
             qsum: Vec::new(),
             s: Vec::new(),
+            nibble_order: matches!(f, fmt::Q4_K | fmt::Q5_K),
         };
         if let Err(e) = quantize_row_q8_k_into(x, &mut raw) {
             panic!("{e}");
         }
         for b in raw.chunks_exact(bb) {
             acts.d.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            let q0 = acts.qs.len();
             acts.qs.extend(b[4..4 + QK_K].iter().map(|&q| q as i8));
+            if acts.nibble_order {
+                for half in acts.qs[q0..].chunks_exact_mut(128) {
+                    let (a, b) = half[32..96].split_at_mut(32);
+                    a.swap_with_slice(b);
+                }
+            }
             let sums = b[4 + QK_K..]
                 .chunks_exact(2)
                 .map(|s| i16::from_le_bytes([s[0], s[1]]));
@@ -227,11 +241,23 @@ impl QkActs {
 
     /// The activations the kernels compute with exactly (`d · q` per element), as f32.
     pub fn dequantized(&self) -> Vec<f32> {
-        self.qs
-            .iter()
-            .enumerate()
-            .map(|(i, &q)| self.d[i / self.block] * q as f32)
+        (0..self.qs.len())
+            .map(|i| self.d[i / self.block] * self.qs[self.stored(i)] as f32)
             .collect()
+    }
+
+    /// Where element `i` (of the whole `m · k`) is kept in `qs`. Q4_K and Q5_K keep their
+    /// activations in the nibble order: the 64 bytes `qs[64p..64p + 64]` of a weight block
+    /// hold elements `128p + (0..32, 64..96)` in their low nibbles and `128p + (32..64,
+    /// 96..128)` in their high ones, so each 128 elements are kept as quarters 0, 2, 1, 3
+    /// and one 64-byte vector of activations meets each nibble vector of weights.
+    fn stored(&self, i: usize) -> usize {
+        if !self.nibble_order {
+            return i;
+        }
+        let q = (i / 32) % 4;
+        let q = [0, 2, 1, 3][q];
+        i / 128 * 128 + 32 * q + i % 32
     }
 
     /// Blocks per row.
@@ -254,11 +280,11 @@ pub enum Kernel {
 
 impl Kernel {
     /// The kernels [`tile`] runs for `isa`: AVX2 on `Isa::Avx2Fma`, the AVX-512 ones (with
-    /// VNNI when the CPU has it) where [`crate::isa::avx512_exact`] says AVX-512 is in use.
+    /// VNNI when the CPU has it) where [`crate::isa::avx512_qk`] says AVX-512 is in use.
     pub fn for_isa(isa: Isa) -> Kernel {
         match isa {
             Isa::Generic => Kernel::Portable,
-            Isa::Avx2Fma if crate::isa::avx512_exact() => {
+            Isa::Avx2Fma if crate::isa::avx512_qk() => {
                 if Kernel::Avx512Vnni.available() {
                     Kernel::Avx512Vnni
                 } else {

@@ -207,5 +207,92 @@ pub fn qualify() -> Vec<Timing> {
             twin_ns: avx2_ns,
         },
     );
+    timings.push(ggml_decode_timing());
+    timings.push(qk_timing());
     timings
+}
+
+/// Synthetic stored rows of `dtype`, `k` weights each.
+fn stored_rows(dtype: DType, n: usize, k: usize, seed: u64) -> Vec<Vec<u8>> {
+    values(n * k, seed)
+        .chunks_exact(k)
+        .map(|r| quantize_row(dtype, r))
+        .collect()
+}
+
+/// The ggml types' decode on AVX-512 against AVX2: Q4_K and Q6_K rows (a Q4_K_M file's
+/// two types) decoded 256 weights a call into an L1 buffer, as the exact path runs it.
+fn ggml_decode_timing() -> Timing {
+    use crate::x86::ggml_decode::{avx2, avx512};
+    const ROWS: usize = 16;
+    const KQ: usize = 2048;
+    let sets: Vec<(DType, Vec<Vec<u8>>)> = [DType::Q4_K, DType::Q6_K]
+        .into_iter()
+        .map(|d| (d, stored_rows(d, ROWS, KQ, 11)))
+        .collect();
+    let mut buf = crate::aligned::AlignedF32::new();
+    buf.grow(256);
+    let mut buf2 = crate::aligned::AlignedF32::new();
+    buf2.grow(256);
+    let pass = |wide: bool, out: &mut [f32]| {
+        for (dtype, rows) in &sets {
+            let q = dtype.ggml_quant().expect("a ggml type");
+            let bb = dtype.block_bytes();
+            for row in rows {
+                for blk in row.chunks_exact(bb) {
+                    if wide {
+                        // SAFETY: `qualify` runs only where `has_avx512` holds.
+                        unsafe { avx512::dequantize(q, blk, &mut out[..256]) }
+                    } else {
+                        // SAFETY: AVX2, FMA and F16C come with `has_avx512`.
+                        unsafe { avx2::dequantize(q, blk, &mut out[..256]) }
+                    }
+                }
+            }
+        }
+    };
+    let (wide, narrow) = race(&mut || pass(true, &mut buf[..256]), &mut || {
+        pass(false, &mut buf2[..256])
+    });
+    std::hint::black_box((&buf[..256], &buf2[..256]));
+    Timing {
+        variant: Variant::GgmlAvx512,
+        variant_ns: wide,
+        twin_ns: narrow,
+    }
+}
+
+/// The fast path's integer dots on AVX-512 against AVX2: M = 1 over 512 × 512 Q4_K and Q6_K
+/// weights (L2-resident), 8 rows a tile.
+fn qk_timing() -> Timing {
+    use crate::qk::{tile_with, Kernel, QkActs};
+    const KQ: usize = 512;
+    let wide_kernel = if Kernel::Avx512Vnni.available() {
+        Kernel::Avx512Vnni
+    } else {
+        Kernel::Avx512
+    };
+    let x = values(KQ, 5);
+    let sets: Vec<(DType, Vec<Vec<u8>>, QkActs)> = [DType::Q4_K, DType::Q6_K]
+        .into_iter()
+        .map(|d| (d, stored_rows(d, N, KQ, 13), QkActs::quantize(d, &x, 1, KQ)))
+        .collect();
+    let pass = |kernel: Kernel, out: &mut [f32; 8]| {
+        for (dtype, rows, acts) in &sets {
+            for group in rows.chunks(8) {
+                let refs: Vec<&[u8]> = group.iter().map(|r| r.as_slice()).collect();
+                tile_with(kernel, *dtype, acts, 0, 1, &refs, out);
+                std::hint::black_box(&*out);
+            }
+        }
+    };
+    let (mut o1, mut o2) = ([0f32; 8], [0f32; 8]);
+    let (wide, narrow) = race(&mut || pass(wide_kernel, &mut o1), &mut || {
+        pass(Kernel::Avx2, &mut o2)
+    });
+    Timing {
+        variant: Variant::QkAvx512,
+        variant_ns: wide,
+        twin_ns: narrow,
+    }
 }

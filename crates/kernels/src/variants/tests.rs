@@ -8,8 +8,43 @@ fn t(variant: Variant, variant_ns: f64, twin_ns: f64) -> Timing {
     }
 }
 
+/// The exact path's AVX-512 kernels and their low-field decodes.
 fn all() -> VariantSet {
-    VariantSet::of(&Variant::ALL)
+    VariantSet::of(&[
+        Variant::Avx512,
+        Variant::LowFieldQ4_1,
+        Variant::LowFieldQ8_0,
+    ])
+}
+
+#[test]
+fn the_ggml_type_variants_stand_on_their_own_timings() {
+    let every = VariantSet::of(&Variant::ALL);
+    // The exact kernels' AVX-512 lost; the ggml decode's and the integer dots' won: those
+    // two run (they are not decodes inside the exact AVX-512 kernels).
+    let timings = [
+        t(Variant::Avx512, 120.0, 100.0),
+        t(Variant::LowFieldQ4_1, 30.0, 40.0),
+        t(Variant::LowFieldQ8_0, 30.0, 40.0),
+        t(Variant::GgmlAvx512, 70.0, 100.0),
+        t(Variant::QkAvx512, 60.0, 100.0),
+    ];
+    assert_eq!(
+        decide(every, &timings),
+        VariantSet::of(&[Variant::GgmlAvx512, Variant::QkAvx512])
+    );
+    let timings = [
+        t(Variant::Avx512, 80.0, 100.0),
+        t(Variant::GgmlAvx512, 100.0, 100.0),
+        t(Variant::QkAvx512, 90.0, 100.0),
+    ];
+    assert_eq!(
+        decide(every, &timings),
+        VariantSet::of(&[Variant::Avx512, Variant::QkAvx512])
+    );
+    for v in Variant::ALL {
+        assert_eq!(Variant::from_name(v.name()), Some(v));
+    }
 }
 
 #[test]

@@ -20,7 +20,7 @@
 //! blocks) straight from the block bytes.
 //!
 //! AVX-512 (F, BW, VL) runs when the exact family's AVX-512 kernels do
-//! ([`crate::isa::avx512_exact`]); the results are the same bits either way.
+//! ([`crate::isa::avx512_ggml_decode`]); the results are the same bits either way.
 
 use tessera_core::ggml_quants::GgmlQuant;
 use tessera_core::DType;
@@ -43,8 +43,8 @@ pub unsafe fn dequantize(dtype: DType, row: &[u8], out: &mut [f32]) {
     let Some(q) = dtype.ggml_quant() else {
         return tessera_core::tensor::dequantize_row(dtype, row, out);
     };
-    if crate::isa::avx512_exact() {
-        // SAFETY: `avx512_exact` implies AVX-512 F/BW/DQ/VL besides AVX2, FMA and F16C.
+    if crate::isa::avx512_ggml_decode() {
+        // SAFETY: `avx512_ggml_decode` implies AVX-512 F/BW/DQ/VL besides AVX2, FMA and F16C.
         unsafe { avx512::dequantize(q, row, out) }
     } else {
         avx2::dequantize(q, row, out)

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod tiny;
+
 use tessera_engine::{Engine, SplitBy, SubBatching, KV_BLOCK_SIZE};
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 

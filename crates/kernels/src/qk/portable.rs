@@ -172,6 +172,15 @@ pub(super) fn tile(f: u8, acts: &QkActs, i0: usize, mr: usize, rows: &[&[u8]], o
     let (bb, d_off, m_off, min) = layout(f);
     let (bl, nb, nr) = (block_len(f), acts.blocks(), rows.len());
     let mut w = IntBlock::new();
+    // Activation blocks in element order.
+    let xq: Vec<Vec<i8>> = (0..mr)
+        .flat_map(|a| (0..nb).map(move |b| (i0 + a) * nb + b))
+        .map(|blk| {
+            (blk * bl..(blk + 1) * bl)
+                .map(|i| acts.qs[acts.stored(i)])
+                .collect()
+        })
+        .collect();
     for (n, row) in rows.iter().enumerate() {
         let mut acc = [0f32; super::MAX_MR];
         for b in 0..nb {
@@ -181,7 +190,7 @@ pub(super) fn tile(f: u8, acts: &QkActs, i0: usize, mr: usize, rows: &[&[u8]], o
             let mw = f16_at(wb, m_off);
             for (a, acc) in acc.iter_mut().enumerate().take(mr) {
                 let blk = (i0 + a) * nb + b;
-                let (isum, msum) = block_sums(&w, &acts.qs[blk * bl..(blk + 1) * bl]);
+                let (isum, msum) = block_sums(&w, &xq[a * nb + b]);
                 let sa = acts.s.get(blk).copied().unwrap_or(0.0);
                 *acc = combine(min, *acc, isum, msum, dw, mw, acts.d[blk], sa);
             }

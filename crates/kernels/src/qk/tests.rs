@@ -228,13 +228,28 @@ fn unsupported_types_are_refused() {
 #[test]
 #[ignore]
 fn bench() {
-    let (n, k) = (256, 1536);
+    let n: usize = std::env::var("QK_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    let k = 1536;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    // QK_BENCH=Q4_K,Q6_K limits the formats.
+    let only = std::env::var("QK_BENCH").unwrap_or_default();
     for dtype in TYPES {
+        if !only.is_empty() && !only.split(',').any(|t| t == dtype.to_string()) {
+            continue;
+        }
         let rows = weights(dtype, n, k / dtype.block_len(), &mut rng);
         let bytes = (n * dtype.row_bytes(k).unwrap()) as f64;
         let mut line = format!("{:7}", dtype.to_string());
-        for m in [1usize, 4] {
+        // QK_BENCH_M=1 limits M; QK_BENCH_KERNEL=Avx512Vnni the kernel sets.
+        let ms: Vec<usize> = match std::env::var("QK_BENCH_M") {
+            Ok(v) => v.split(',').filter_map(|m| m.parse().ok()).collect(),
+            Err(_) => vec![1, 4],
+        };
+        let ks = std::env::var("QK_BENCH_KERNEL").unwrap_or_default();
+        for m in ms {
             let x = activations(m, k, &mut rng);
             let acts = QkActs::quantize(dtype, &x, m, k);
             let tiles: Vec<Vec<&[u8]>> = rows
@@ -243,18 +258,28 @@ fn bench() {
                 .collect();
             let mut out = vec![0f32; m * MAX_NR];
             for kernel in kernels() {
-                let reps = if kernel == Kernel::Portable { 2 } else { 100 };
-                let mut best = f64::MAX;
-                for _ in 0..5 {
-                    let t = std::time::Instant::now();
-                    for _ in 0..reps {
+                if !ks.is_empty() && !ks.split(',').any(|k| k == format!("{kernel:?}")) {
+                    continue;
+                }
+                let reps: usize = std::env::var("QK_BENCH_REPS")
+                    .ok()
+                    .and_then(|r| r.parse().ok())
+                    .unwrap_or(1000);
+                let reps = if kernel == Kernel::Portable { 2 } else { reps };
+                // Each pass over the weight timed on its own; the 10th percentile (a
+                // shared machine preempts some passes).
+                let mut times: Vec<f64> = (0..reps)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
                         for tr in &tiles {
                             tile_with(kernel, dtype, &acts, 0, m, tr, &mut out);
                             std::hint::black_box(&mut out);
                         }
-                    }
-                    best = best.min(t.elapsed().as_secs_f64() / reps as f64);
-                }
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                let best = times[reps / 10];
                 line += &format!("  M={m} {kernel:?} {:6.1}", bytes / best / 1e9);
             }
         }

@@ -117,6 +117,8 @@ unsafe fn f16x4(w: &[*const u8; 4], cnt: usize, off: usize) -> __m128 {
     _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
 }
 
+const ZMM_Q6K: bool = true;
+
 /// Generates the loop for one kernel set: `$dot::<MR, F>(w, acts, b)` gives a block's
 /// [`Sums`].
 macro_rules! driver {
@@ -186,17 +188,16 @@ driver!(drive_avx2, "avx2,fma,f16c", dot_avx2);
 driver!(
     drive_avx512,
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
-    dot_avx2
+    dot_avx512
 );
 driver!(
     drive_vnni,
     "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-    dot_avx2
+    dot_vnni
 );
 
 /// The AVX2 dot of format `F`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 unsafe fn dot_avx2<const MR: usize, const F: u8>(
     w: *const u8,
     x: &ActRows<MR>,
@@ -207,11 +208,52 @@ unsafe fn dot_avx2<const MR: usize, const F: u8>(
         fmt::Q5_0 => s::q5::<MR, true>(w, x, b),
         fmt::Q5_1 => s::q5::<MR, false>(w, x, b),
         fmt::IQ4_NL => s::iq4nl::<MR>(w, x, b),
-        fmt::Q2_K => k::q2k::<MR>(w, x, b),
-        fmt::Q3_K => k::q3k::<MR>(w, x, b),
-        fmt::Q4_K => k::q4k::<MR, false>(w, x, b),
-        fmt::Q5_K => k::q4k::<MR, true>(w, x, b),
-        fmt::Q6_K => k::q6k::<MR>(w, x, b),
-        _ => k::iq4xs::<MR>(w, x, b),
+        fmt::Q2_K => k::q2k::<MR, false>(w, x, b),
+        fmt::Q3_K => k::q3k::<MR, false>(w, x, b),
+        fmt::Q4_K => k::q4k::<MR, false, false>(w, x, b),
+        fmt::Q5_K => k::q4k::<MR, true, false>(w, x, b),
+        fmt::Q6_K => k::q6k::<MR, false>(w, x, b),
+        _ => k::iq4xs::<MR, false>(w, x, b),
+    }
+}
+
+/// The AVX-512 dot of format `F` (AVX2's where it has none), without VNNI.
+#[inline(always)]
+unsafe fn dot_avx512<const MR: usize, const F: u8>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
+    dot512::<MR, F, false>(w, x, b)
+}
+
+/// The AVX-512 dot of format `F` with VNNI.
+#[inline(always)]
+unsafe fn dot_vnni<const MR: usize, const F: u8>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
+    dot512::<MR, F, true>(w, x, b)
+}
+
+#[inline(always)]
+unsafe fn dot512<const MR: usize, const F: u8, const VNNI: bool>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
+    use super::x86_k as k;
+    match F {
+        fmt::Q2_K => k::q2k::<MR, VNNI>(w, x, b),
+        fmt::Q3_K => k::q3k::<MR, VNNI>(w, x, b),
+        fmt::Q4_K if ZMM_Q6K => super::x86_k512::q4k::<MR, false, VNNI>(w, x, b),
+        fmt::Q5_K if ZMM_Q6K => super::x86_k512::q4k::<MR, true, VNNI>(w, x, b),
+        fmt::Q4_K => k::q4k::<MR, false, VNNI>(w, x, b),
+        fmt::Q5_K => k::q4k::<MR, true, VNNI>(w, x, b),
+        fmt::Q6_K if ZMM_Q6K => super::x86_k512::q6k::<MR, VNNI>(w, x, b),
+        fmt::Q6_K => k::q6k::<MR, VNNI>(w, x, b),
+        fmt::IQ4_XS => k::iq4xs::<MR, VNNI>(w, x, b),
+        _ => dot_avx2::<MR, F>(w, x, b),
     }
 }

@@ -6,35 +6,34 @@
 //! `0..64` (no i16 saturation: `2 · 63 · 127 < 2^15`). IQ4_XS's signed table values go in
 //! as `|v|` against the quants with `v`'s sign (`|v|, |q| ≤ 127`).
 //!
-//! Invariants: as `super::x86`'s (whole super-block at `w`, activation block `b` readable).
+//! These functions carry no `#[target_feature]`: they are `#[inline(always)]` into the
+//! drivers of `super::x86`, whose features they take (AVX2, FMA, F16C; AVX-512 VL and VNNI
+//! when `VNNI`, for `vpdpwssd` on 256-bit vectors). Invariants: as `super::x86`'s (whole
+//! super-block at `w`, activation block `b` readable), and the CPU has those features.
 
 use std::arch::x86_64::*;
 
 use super::x86::{ActRows, Sums};
 use tessera_core::ggml_quants::KVALUES_IQ4NL;
 
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn load_q<const MR: usize>(x: &ActRows<MR>, a: usize, b: usize, off: usize) -> __m256i {
     _mm256_loadu_si256(x.q[a].add(256 * b + off) as *const __m256i)
 }
 
 /// The activations' 16 sums of 16 of block `b`, row `a`, as i16 lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn bsums<const MR: usize>(x: &ActRows<MR>, a: usize, b: usize) -> __m256i {
     _mm256_loadu_si256(x.bs[a].add(16 * b) as *const __m256i)
 }
 
 /// A vector of i16 lane `k` of each 128-bit half of `v` (a `vpshufb` index).
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn lane16(lo: i32, hi: i32) -> __m256i {
     let idx = |k: i32| 0x0100 + 0x0202 * k;
     _mm256_setr_m128i(
@@ -43,38 +42,45 @@ unsafe fn lane16(lo: i32, hi: i32) -> __m256i {
     )
 }
 
-/// `acc + madd(scale, maddubs(levels, quants))`.
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn mac(acc: __m256i, scale: __m256i, levels: __m256i, quants: __m256i) -> __m256i {
-    _mm256_add_epi32(
-        acc,
-        _mm256_madd_epi16(scale, _mm256_maddubs_epi16(levels, quants)),
-    )
+/// `acc + madd(scale, maddubs(levels, quants))`; with VNNI, `vpdpwssd` does the last two.
+#[inline(always)]
+unsafe fn mac<const VNNI: bool>(
+    acc: __m256i,
+    scale: __m256i,
+    levels: __m256i,
+    quants: __m256i,
+) -> __m256i {
+    let p16 = _mm256_maddubs_epi16(levels, quants);
+    if VNNI {
+        _mm256_dpwssd_epi32(acc, p16, scale)
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(scale, p16))
+    }
+}
+
+/// Q4_K's and Q5_K's 8 scales and 8 minimums (6 bits each, packed in the 12 bytes at
+/// `w + 4`) as bytes. Scales and minimums 0..4 are the low 6 bits of bytes 0..4 and 4..8;
+/// 4..8 take their low 4 bits from the nibbles of bytes 8..12 and their top 2 from the tops
+/// of bytes 0..8.
+#[inline(always)]
+pub(super) unsafe fn q4k_scales(w: *const u8) -> __m128i {
+    let x = std::ptr::read_unaligned(w.add(4) as *const u64);
+    let s2 = std::ptr::read_unaligned(w.add(12) as *const u32) as u64;
+    // [scales 0..4, minimums 0..4] and [scales 4..8, minimums 4..8].
+    let lo = x & 0x3f3f_3f3f_3f3f_3f3f;
+    let nib = (s2 | ((s2 >> 4) << 32)) & 0x0f0f_0f0f_0f0f_0f0f;
+    let hi = nib | (((x >> 6) & 0x0303_0303_0303_0303) << 4);
+    _mm_unpacklo_epi32(_mm_cvtsi64_si128(lo as i64), _mm_cvtsi64_si128(hi as i64))
 }
 
 /// Q4_K (`Q5 = false`) and Q5_K: 8 sub-blocks of 32 with 6-bit scales and minimums.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4k<const MR: usize, const Q5: bool>(
+#[inline(always)]
+pub(super) unsafe fn q4k<const MR: usize, const Q5: bool, const VNNI: bool>(
     w: *const u8,
     x: &ActRows<MR>,
     b: usize,
 ) -> Sums<MR> {
-    let word = |i: usize| std::ptr::read_unaligned(w.add(4 + 4 * i) as *const u32);
-    let (s0, s1, s2) = (word(0), word(1), word(2));
-    // Scales 0..4 and minimums 0..4 are the low 6 bits of bytes 0..4 and 4..8; 4..8 take
-    // their low 4 bits from bytes 8..12 and their top 2 from the top of bytes 0..8.
-    let sc_lo = s0 & 0x3f3f_3f3f;
-    let sc_hi = (s2 & 0x0f0f_0f0f) | (((s0 >> 6) & 0x0303_0303) << 4);
-    let m_lo = s1 & 0x3f3f_3f3f;
-    let m_hi = ((s2 >> 4) & 0x0f0f_0f0f) | (((s1 >> 6) & 0x0303_0303) << 4);
-    let sm = _mm256_cvtepu8_epi16(_mm_setr_epi32(
-        sc_lo as i32,
-        sc_hi as i32,
-        m_lo as i32,
-        m_hi as i32,
-    ));
+    let sm = _mm256_cvtepu8_epi16(q4k_scales(w));
     let mins = _mm256_extracti128_si256::<1>(sm);
     let sc = _mm256_permute2x128_si256::<0x00>(sm, sm);
     let mut s = Sums {
@@ -107,9 +113,11 @@ pub(super) unsafe fn q4k<const MR: usize, const Q5: bool>(
             hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(hb, two)));
             hb = _mm256_srli_epi16::<2>(hb);
         }
+        // Activations in the nibble order (`QkActs::stored`).
+        let (p, e) = (j / 2, j % 2);
         for a in 0..MR {
-            s.i[a] = mac(s.i[a], sl, lo, load_q(x, a, b, 64 * j));
-            s.i[a] = mac(s.i[a], sh, hi, load_q(x, a, b, 64 * j + 32));
+            s.i[a] = mac::<VNNI>(s.i[a], sl, lo, load_q(x, a, b, 128 * p + 32 * e));
+            s.i[a] = mac::<VNNI>(s.i[a], sh, hi, load_q(x, a, b, 128 * p + 64 + 32 * e));
         }
     }
     s
@@ -117,8 +125,7 @@ pub(super) unsafe fn q4k<const MR: usize, const Q5: bool>(
 
 /// The 16 scales of a super-block with 16 sub-blocks of 16 as i16 lanes, and their two
 /// halves each broadcast to both 128-bit lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn scales16(sc8: __m128i, signed: bool) -> (__m256i, [__m256i; 2]) {
     let sc = if signed {
         _mm256_cvtepi8_epi16(sc8)
@@ -133,9 +140,12 @@ unsafe fn scales16(sc8: __m128i, signed: bool) -> (__m256i, [__m256i; 2]) {
 }
 
 /// Q6_K: 6-bit levels (less 32) in 16 sub-blocks of 16 with signed 8-bit scales.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q6k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usize) -> Sums<MR> {
+#[inline(always)]
+pub(super) unsafe fn q6k<const MR: usize, const VNNI: bool>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
     let (sc, halves) = scales16(_mm_loadu_si128(w.add(192) as *const __m128i), true);
     let mut s = Sums {
         i: [_mm256_setzero_si256(); MR],
@@ -169,7 +179,7 @@ pub(super) unsafe fn q6k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usiz
         for (k, lv) in lv.iter().enumerate() {
             let scale = _mm256_shuffle_epi8(*half, lane16(2 * k as i32, 2 * k as i32 + 1));
             for a in 0..MR {
-                s.i[a] = mac(s.i[a], scale, *lv, load_q(x, a, b, 128 * n + 32 * k));
+                s.i[a] = mac::<VNNI>(s.i[a], scale, *lv, load_q(x, a, b, 128 * n + 32 * k));
             }
         }
     }
@@ -182,9 +192,12 @@ pub(super) unsafe fn q6k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usiz
 }
 
 /// Q2_K: 2-bit levels in 16 sub-blocks of 16 with 4-bit scales and minimums.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q2k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usize) -> Sums<MR> {
+#[inline(always)]
+pub(super) unsafe fn q2k<const MR: usize, const VNNI: bool>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
     let raw = _mm_loadu_si128(w as *const __m128i);
     let m4 = _mm_set1_epi8(15);
     let (_, halves) = scales16(_mm_and_si128(raw, m4), false);
@@ -205,7 +218,7 @@ pub(super) unsafe fn q2k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usiz
             let scale = _mm256_shuffle_epi8(*half, lane16(2 * k, 2 * k + 1));
             let lv = _mm256_and_si256(bits, m2);
             for a in 0..MR {
-                s.i[a] = mac(
+                s.i[a] = mac::<VNNI>(
                     s.i[a],
                     scale,
                     lv,
@@ -220,9 +233,12 @@ pub(super) unsafe fn q2k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usiz
 
 /// Q3_K: 2-bit levels and a high bit (level − 4 where it is clear) in 16 sub-blocks of 16
 /// with 6-bit scales less 32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q3k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usize) -> Sums<MR> {
+#[inline(always)]
+pub(super) unsafe fn q3k<const MR: usize, const VNNI: bool>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
     let word = |i: usize| std::ptr::read_unaligned(w.add(96 + 4 * i) as *const u32);
     let (a0, a1, t) = (word(0), word(1), word(2));
     let (k1, k2) = (0x0303_0303u32, 0x0f0f_0f0fu32);
@@ -248,7 +264,7 @@ pub(super) unsafe fn q3k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usiz
             let lv = _mm256_or_si256(_mm256_and_si256(bits, m2), hi);
             let scale = _mm256_shuffle_epi8(*half, lane16(2 * k, 2 * k + 1));
             for a in 0..MR {
-                s.i[a] = mac(
+                s.i[a] = mac::<VNNI>(
                     s.i[a],
                     scale,
                     lv,
@@ -268,9 +284,12 @@ pub(super) unsafe fn q3k<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usiz
 }
 
 /// IQ4_XS: non-linear 4-bit levels in 8 sub-blocks of 32 with 6-bit scales less 32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn iq4xs<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usize) -> Sums<MR> {
+#[inline(always)]
+pub(super) unsafe fn iq4xs<const MR: usize, const VNNI: bool>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
     let sh = std::ptr::read_unaligned(w.add(2) as *const u16) as i32;
     let sl = std::ptr::read_unaligned(w.add(4) as *const u32) as i32;
     let ls = |ib: i32| (((sl >> (4 * ib)) & 15) | (((sh >> (2 * ib)) & 3) << 4)) - 32;
@@ -306,7 +325,7 @@ pub(super) unsafe fn iq4xs<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: us
             let av = _mm256_sign_epi8(*v, *v);
             for a in 0..MR {
                 let q = _mm256_sign_epi8(load_q(x, a, b, 64 * p + 32 * h), *v);
-                s.i[a] = mac(s.i[a], scale, av, q);
+                s.i[a] = mac::<VNNI>(s.i[a], scale, av, q);
             }
         }
     }

@@ -5,7 +5,8 @@
 //! 16 through the activations' quant sum; IQ4_NL's table values as `|v|` against the quants
 //! with `v`'s sign.
 //!
-//! Invariants: as `super::x86`'s.
+//! `#[inline(always)]` into the drivers of `super::x86` (no `#[target_feature]` of their
+//! own). Invariants: as `super::x86`'s, and the CPU has AVX2.
 
 use std::arch::x86_64::*;
 
@@ -13,8 +14,7 @@ use super::x86::{ActRows, Sums};
 use tessera_core::ggml_quants::KVALUES_IQ4NL;
 
 /// The 16 bytes at `p` as 32 nibbles: low nibbles in bytes 0..16, high in 16..32.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn nibbles(p: *const u8) -> __m256i {
     let v = _mm_loadu_si128(p as *const __m128i);
     let m4 = _mm256_set1_epi8(15);
@@ -22,8 +22,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 }
 
 /// Byte `i` is 0xff where bit `i` of the 32 bits at `p` is set, else 0.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
     let x = _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32));
     let spread = _mm256_setr_epi64x(
@@ -39,15 +38,13 @@ unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
 }
 
 /// Activation quants of row `a`, block `b`.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)]
 unsafe fn quants<const MR: usize>(x: &ActRows<MR>, a: usize, b: usize) -> __m256i {
     _mm256_loadu_si256(x.q[a].add(32 * b) as *const __m256i)
 }
 
 /// Q5_0 (`OFFSET`: levels less 16) and Q5_1.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 pub(super) unsafe fn q5<const MR: usize, const OFFSET: bool>(
     w: *const u8,
     x: &ActRows<MR>,
@@ -72,8 +69,7 @@ pub(super) unsafe fn q5<const MR: usize, const OFFSET: bool>(
 }
 
 /// IQ4_NL.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(always)]
 pub(super) unsafe fn iq4nl<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usize) -> Sums<MR> {
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const _));
     let v = _mm256_shuffle_epi8(table, nibbles(w.add(2)));

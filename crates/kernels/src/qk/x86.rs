@@ -117,8 +117,6 @@ unsafe fn f16x4(w: &[*const u8; 4], cnt: usize, off: usize) -> __m128 {
     _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
 }
 
-const ZMM_Q6K: bool = true;
-
 /// Generates the loop for one kernel set: `$dot::<MR, F>(w, acts, b)` gives a block's
 /// [`Sums`].
 macro_rules! driver {
@@ -205,9 +203,9 @@ unsafe fn dot_avx2<const MR: usize, const F: u8>(
 ) -> Sums<MR> {
     use super::{x86_k as k, x86_small as s};
     match F {
-        fmt::Q5_0 => s::q5::<MR, true>(w, x, b),
-        fmt::Q5_1 => s::q5::<MR, false>(w, x, b),
-        fmt::IQ4_NL => s::iq4nl::<MR>(w, x, b),
+        fmt::Q5_0 => s::q5::<MR, true, false>(w, x, b),
+        fmt::Q5_1 => s::q5::<MR, false, false>(w, x, b),
+        fmt::IQ4_NL => s::iq4nl::<MR, false>(w, x, b),
         fmt::Q2_K => k::q2k::<MR, false>(w, x, b),
         fmt::Q3_K => k::q3k::<MR, false>(w, x, b),
         fmt::Q4_K => k::q4k::<MR, false, false>(w, x, b),
@@ -243,17 +241,16 @@ unsafe fn dot512<const MR: usize, const F: u8, const VNNI: bool>(
     x: &ActRows<MR>,
     b: usize,
 ) -> Sums<MR> {
-    use super::x86_k as k;
+    use super::{x86_k as k, x86_k512 as z, x86_small as s};
     match F {
+        fmt::Q5_0 => s::q5::<MR, true, VNNI>(w, x, b),
+        fmt::Q5_1 => s::q5::<MR, false, VNNI>(w, x, b),
+        fmt::IQ4_NL => s::iq4nl::<MR, VNNI>(w, x, b),
         fmt::Q2_K => k::q2k::<MR, VNNI>(w, x, b),
         fmt::Q3_K => k::q3k::<MR, VNNI>(w, x, b),
-        fmt::Q4_K if ZMM_Q6K => super::x86_k512::q4k::<MR, false, VNNI>(w, x, b),
-        fmt::Q5_K if ZMM_Q6K => super::x86_k512::q4k::<MR, true, VNNI>(w, x, b),
-        fmt::Q4_K => k::q4k::<MR, false, VNNI>(w, x, b),
-        fmt::Q5_K => k::q4k::<MR, true, VNNI>(w, x, b),
-        fmt::Q6_K if ZMM_Q6K => super::x86_k512::q6k::<MR, VNNI>(w, x, b),
-        fmt::Q6_K => k::q6k::<MR, VNNI>(w, x, b),
-        fmt::IQ4_XS => k::iq4xs::<MR, VNNI>(w, x, b),
-        _ => dot_avx2::<MR, F>(w, x, b),
+        fmt::Q4_K => z::q4k::<MR, false, VNNI>(w, x, b),
+        fmt::Q5_K => z::q4k::<MR, true, VNNI>(w, x, b),
+        fmt::Q6_K => z::q6k::<MR, VNNI>(w, x, b),
+        _ => k::iq4xs::<MR, VNNI>(w, x, b),
     }
 }

@@ -99,14 +99,14 @@ pub(super) unsafe fn q4k<const MR: usize, const Q5: bool, const VNNI: bool>(
                 lv = _mm512_mask_add_epi8(lv, set, lv, _mm512_set1_epi8(16));
             }
             let scale = _mm512_permutexvar_epi16(halves16(g as i16, g as i16 + 2), sc);
-            for a in 0..MR {
+            for (a, acc) in acc.iter_mut().enumerate() {
                 let p16 = _mm512_maddubs_epi16(lv, quants(x, a, b, 128 * p + 64 * h));
-                acc[a] = mac::<VNNI>(acc[a], p16, scale);
+                *acc = mac::<VNNI>(*acc, p16, scale);
             }
         }
     }
-    for a in 0..MR {
-        s.i[a] = fold(acc[a]);
+    for (i, acc) in s.i.iter_mut().zip(acc) {
+        *i = fold(acc);
     }
     s
 }
@@ -150,9 +150,9 @@ pub(super) unsafe fn q6k<const MR: usize, const VNNI: bool>(
         for (h, lv) in lv.iter().enumerate() {
             let g = (8 * n + 4 * h) as i16;
             let scale = _mm512_permutexvar_epi16(lanes8([g, g + 1, g + 2, g + 3]), sc);
-            for a in 0..MR {
+            for (a, acc) in acc.iter_mut().enumerate() {
                 let p16 = _mm512_maddubs_epi16(*lv, quants(x, a, b, 128 * n + 64 * h));
-                acc[a] = mac::<VNNI>(acc[a], p16, scale);
+                *acc = mac::<VNNI>(*acc, p16, scale);
             }
         }
     }
@@ -160,11 +160,11 @@ pub(super) unsafe fn q6k<const MR: usize, const VNNI: bool>(
         i: [_mm256_setzero_si256(); MR],
         m: [_mm256_setzero_si256(); MR],
     };
-    for a in 0..MR {
+    for (a, acc) in acc.iter().enumerate() {
         // Levels were fed as q + 32: less 32 · Σ sc_g · bsum_g.
         let bs = _mm256_loadu_si256(x.bs[a].add(16 * b) as *const __m256i);
         let corr = _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bs));
-        s.i[a] = _mm256_sub_epi32(fold(acc[a]), corr);
+        s.i[a] = _mm256_sub_epi32(fold(*acc), corr);
     }
     s
 }

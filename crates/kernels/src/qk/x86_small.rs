@@ -37,6 +37,18 @@ unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi8(-1))
 }
 
+/// Sums of 4 products of unsigned `u` and signed `v` bytes in each i32 lane: `vpmaddubsw`
+/// then `vpmaddwd` by ones (the i16 pair sums here at most `2 · 127 · 127`, no saturation),
+/// or one VNNI `vpdpbusd`.
+#[inline(always)]
+unsafe fn dot4<const VNNI: bool>(u: __m256i, v: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1))
+    }
+}
+
 /// Activation quants of row `a`, block `b`.
 #[inline(always)]
 unsafe fn quants<const MR: usize>(x: &ActRows<MR>, a: usize, b: usize) -> __m256i {
@@ -45,7 +57,7 @@ unsafe fn quants<const MR: usize>(x: &ActRows<MR>, a: usize, b: usize) -> __m256
 
 /// Q5_0 (`OFFSET`: levels less 16) and Q5_1.
 #[inline(always)]
-pub(super) unsafe fn q5<const MR: usize, const OFFSET: bool>(
+pub(super) unsafe fn q5<const MR: usize, const OFFSET: bool, const VNNI: bool>(
     w: *const u8,
     x: &ActRows<MR>,
     b: usize,
@@ -53,13 +65,12 @@ pub(super) unsafe fn q5<const MR: usize, const OFFSET: bool>(
     let qh = w.add(if OFFSET { 2 } else { 4 });
     let high = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(16));
     let lv = _mm256_or_si256(nibbles(qh.add(4)), high);
-    let ones = _mm256_set1_epi16(1);
     let mut s = Sums {
         i: [_mm256_setzero_si256(); MR],
         m: [_mm256_setzero_si256(); MR],
     };
     for a in 0..MR {
-        s.i[a] = _mm256_madd_epi16(_mm256_maddubs_epi16(lv, quants(x, a, b)), ones);
+        s.i[a] = dot4::<VNNI>(lv, quants(x, a, b));
         if OFFSET {
             let corr = _mm_cvtsi32_si128(16 * *x.qsum[a].add(b));
             s.i[a] = _mm256_sub_epi32(s.i[a], _mm256_zextsi128_si256(corr));
@@ -70,18 +81,21 @@ pub(super) unsafe fn q5<const MR: usize, const OFFSET: bool>(
 
 /// IQ4_NL.
 #[inline(always)]
-pub(super) unsafe fn iq4nl<const MR: usize>(w: *const u8, x: &ActRows<MR>, b: usize) -> Sums<MR> {
+pub(super) unsafe fn iq4nl<const MR: usize, const VNNI: bool>(
+    w: *const u8,
+    x: &ActRows<MR>,
+    b: usize,
+) -> Sums<MR> {
     let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const _));
     let v = _mm256_shuffle_epi8(table, nibbles(w.add(2)));
     let av = _mm256_sign_epi8(v, v);
-    let ones = _mm256_set1_epi16(1);
     let mut s = Sums {
         i: [_mm256_setzero_si256(); MR],
         m: [_mm256_setzero_si256(); MR],
     };
     for a in 0..MR {
         let q = _mm256_sign_epi8(quants(x, a, b), v);
-        s.i[a] = _mm256_madd_epi16(_mm256_maddubs_epi16(av, q), ones);
+        s.i[a] = dot4::<VNNI>(av, q);
     }
     s
 }

@@ -43,6 +43,7 @@ struct Rank {
 }
 
 /// What a follower is told to do.
+#[allow(clippy::large_enum_variant)] // one order at a time goes through a channel
 enum Order {
     Step(Job),
     /// Test-only: stop answering for a while, or die.
@@ -403,6 +404,7 @@ impl TpGroup {
 
     /// One step over every rank, rank 0 being `model0` on `ctx0`; `kv` and `ws` hold one
     /// entry per rank.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
         model0: &LlamaModel,

@@ -43,8 +43,8 @@ pub struct PackedWeight {
 /// `0 < d < 2^-5`, so that `D = d · 2^133` is finite and `q = 0` gives `+0` (ggml's Q8_0
 /// scale is `max |w| / 127`: `2^-5` is a block maximum near 4). Q4_1 (low field): `d`
 /// finite, non-zero and `|d| < 1/2`, so that the kernel's `D = d · 2^129`, made by adding
-/// 129 to the exponent field of `d`'s bits, is that product and finite: `(q · 2^-129) · D
-/// + m` rounded once is the reference's `q · d + m` for every `m`. Otherwise the kernel's
+/// 129 to the exponent field of `d`'s bits, is that product and finite:
+/// `(q · 2^-129) · D + m` rounded once is the reference's `q · d + m` for every `m`. Otherwise the kernel's
 /// general path, bitwise the same, runs (a zero `d`, a block of 32 equal weights, is rare
 /// in a trained model).
 pub fn magic_ok(dtype: DType, d: f32) -> bool {

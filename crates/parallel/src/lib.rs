@@ -9,6 +9,8 @@
 //! memory) and, with the cargo feature `mpi`, `mpi` (ranks are processes started by
 //! `mpirun`).
 
+#![allow(clippy::needless_range_loop)]
+
 pub mod link;
 pub mod local;
 #[cfg(feature = "mpi")]

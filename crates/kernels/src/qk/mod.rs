@@ -23,7 +23,7 @@
 //! position or the other rows: results are batch invariant and bitwise the same on the
 //! portable, AVX2 and AVX-512 kernels.
 
-use tessera_core::ggml_quants::{quantize_row_q8_k_into, GgmlQuant, QK_K};
+use tessera_core::ggml_quants::{quantize_row_q8_k_into, QK_K};
 use tessera_core::DType;
 
 use crate::isa::Isa;
@@ -36,6 +36,8 @@ mod x86;
 mod x86_k;
 #[cfg(target_arch = "x86_64")]
 mod x86_k512;
+#[cfg(target_arch = "x86_64")]
+mod x86_quant;
 #[cfg(target_arch = "x86_64")]
 mod x86_small;
 
@@ -201,40 +203,32 @@ impl QkActs {
             };
         }
         let nb = m * k / QK_K;
-        let bb = GgmlQuant::Q8_K.block_bytes();
-        let mut raw = vec![0u8; nb * bb];
         let mut acts = QkActs {
             m,
             k,
             block,
-            d: Vec::with_capacity(nb),
-            qs: Vec::with_capacity(m * k),
-            bsums: Vec::with_capacity(nb * 16),
-            bsums32: Vec::with_capacity(nb * 8),
+            d: vec![0.0; nb],
+            qs: vec![0; m * k],
+            bsums: vec![0; nb * 16],
+            bsums32: vec![0; nb * 8],
             qsum: Vec::new(),
             s: Vec::new(),
             nibble_order: matches!(f, fmt::Q4_K | fmt::Q5_K),
         };
-        if let Err(e) = quantize_row_q8_k_into(x, &mut raw) {
-            panic!("{e}");
-        }
-        for b in raw.chunks_exact(bb) {
-            acts.d.push(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            let q0 = acts.qs.len();
-            acts.qs.extend(b[4..4 + QK_K].iter().map(|&q| q as i8));
+        let simd = cfg!(target_arch = "x86_64") && Isa::active() == Isa::Avx2Fma;
+        for (b, xb) in x.chunks_exact(QK_K).enumerate() {
+            let qs = &mut acts.qs[b * QK_K..(b + 1) * QK_K];
+            let bsums = &mut acts.bsums[b * 16..(b + 1) * 16];
+            acts.d[b] = q8k_block(simd, xb, qs, bsums);
             if acts.nibble_order {
-                for half in acts.qs[q0..].chunks_exact_mut(128) {
+                for half in qs.chunks_exact_mut(128) {
                     let (a, b) = half[32..96].split_at_mut(32);
                     a.swap_with_slice(b);
                 }
             }
-            let sums = b[4 + QK_K..]
-                .chunks_exact(2)
-                .map(|s| i16::from_le_bytes([s[0], s[1]]));
-            acts.bsums.extend(sums);
-            let pairs = acts.bsums[acts.bsums.len() - 16..].chunks_exact(2);
-            let pairs: Vec<i16> = pairs.map(|p| p[0] + p[1]).collect();
-            acts.bsums32.extend(pairs);
+            for (s, p) in acts.bsums32[b * 8..].iter_mut().zip(bsums.chunks_exact(2)) {
+                *s = p[0] + p[1];
+            }
         }
         acts
     }
@@ -264,6 +258,28 @@ impl QkActs {
     fn blocks(&self) -> usize {
         self.k / self.block
     }
+}
+
+/// Quantizes one block of 256 to Q8_K (ggml's `quantize_row_q8_K`, bitwise): its quants and
+/// 16 sums of 16 into `qs` and `bsums`; returns `d`. `simd`: on AVX2 (the same results).
+fn q8k_block(simd: bool, x: &[f32], qs: &mut [i8], bsums: &mut [i16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        // SAFETY: `simd` only where AVX2 runs (`Isa::Avx2Fma`); 256, 256 and 16 elements.
+        return unsafe { x86_quant::q8k_block(x, qs, bsums) };
+    }
+    let _ = simd;
+    let mut raw = [0u8; 4 + QK_K + 32];
+    if let Err(e) = quantize_row_q8_k_into(x, &mut raw) {
+        panic!("{e}");
+    }
+    for (q, &r) in qs.iter_mut().zip(&raw[4..4 + QK_K]) {
+        *q = r as i8;
+    }
+    for (s, r) in bsums.iter_mut().zip(raw[4 + QK_K..].chunks_exact(2)) {
+        *s = i16::from_le_bytes([r[0], r[1]]);
+    }
+    f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]])
 }
 
 /// One kernel set: every format on one instruction set.

@@ -1,7 +1,7 @@
 use super::*;
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
-use tessera_core::ggml_quants::dequantize_row;
+use tessera_core::ggml_quants::{dequantize_row, GgmlQuant};
 
 /// Every format with kernels here.
 const TYPES: [DType; 9] = [
@@ -204,6 +204,8 @@ fn q8k_activations_are_ggml_s() {
     let x = activations(3, 512, &mut rng);
     let acts = QkActs::quantize(DType::Q4_K, &x, 3, 512);
     let raw = tessera_core::ggml_quants::quantize_row_q8_k(&x);
+    let zeros = QkActs::quantize(DType::Q6_K, &[0.0; 256], 1, 256);
+    assert!(zeros.d == [0.0] && zeros.qs.iter().all(|&q| q == 0));
     let mut want = vec![0f32; x.len()];
     dequantize_row(GgmlQuant::Q8_K, &raw, &mut want).unwrap();
     assert_eq!(acts.dequantized(), want);
@@ -211,6 +213,36 @@ fn q8k_activations_are_ggml_s() {
         for g in 0..16 {
             let s = i16::from_le_bytes([blk[260 + 2 * g], blk[261 + 2 * g]]);
             assert_eq!(acts.bsums[16 * i + g], s);
+        }
+    }
+}
+
+proptest! {
+    /// The SIMD Q8_K quantizer is ggml's reference bitwise, ties of magnitude included.
+    #[test]
+    fn q8k_blocks_are_ggml_s(seed in any::<u64>(), ties in 0usize..4, zero in any::<bool>()) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut x = activations(1, 256, &mut rng);
+        if zero {
+            x[..128].fill(0.0);
+        }
+        let top = x.iter().fold(0f32, |a, v| a.max(v.abs())).max(1.0);
+        for _ in 0..ties {
+            let i = rng.gen_range(0..256);
+            x[i] = if rng.gen_bool(0.5) { top } else { -top };
+        }
+        let raw = tessera_core::ggml_quants::quantize_row_q8_k(&x);
+        for simd in [false, true] {
+            if simd && !Kernel::Avx2.available() {
+                continue;
+            }
+            let (mut qs, mut bsums) = ([0i8; 256], [0i16; 16]);
+            let d = q8k_block(simd, &x, &mut qs, &mut bsums);
+            prop_assert_eq!(d.to_bits(), f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]).to_bits());
+            prop_assert!(qs.iter().zip(&raw[4..260]).all(|(&q, &r)| q as u8 == r));
+            for g in 0..16 {
+                prop_assert_eq!(bsums[g], i16::from_le_bytes([raw[260 + 2 * g], raw[261 + 2 * g]]));
+            }
         }
     }
 }
@@ -284,5 +316,21 @@ fn bench() {
             }
         }
         println!("{line}");
+    }
+    // Activation quantization, ns per element (one row of 8960: the down projection's).
+    let x = activations(4, 8960, &mut rng);
+    for dtype in [DType::Q4_K, DType::Q5_0] {
+        let mut times: Vec<f64> = (0..200)
+            .map(|_| {
+                let t = std::time::Instant::now();
+                std::hint::black_box(QkActs::quantize(dtype, &x, 4, 8960));
+                t.elapsed().as_secs_f64()
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        println!(
+            "quantize for {dtype}: {:.2} ns/element",
+            times[20] / x.len() as f64 * 1e9
+        );
     }
 }

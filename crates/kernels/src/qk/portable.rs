@@ -7,9 +7,10 @@ use tessera_core::ggml_quants::KVALUES_IQ4NL;
 
 use super::{block_len, combine, f16_at, fmt, layout, QkActs};
 
-/// One block as integers: `len` levels in sub-blocks of `group` with a scale and a minimum each.
+/// One block as integers: `len` levels in sub-blocks of `group` with a scale and a minimum
+/// each (every level fits an `i8`: at most 127 in magnitude).
 pub(super) struct IntBlock {
-    pub q: [i32; 256],
+    pub q: [i8; 256],
     pub sc: [i32; 16],
     pub mn: [i32; 16],
     pub group: usize,
@@ -28,28 +29,36 @@ impl IntBlock {
     }
 }
 
-/// Decodes one block of format `f` (`w` exactly its bytes).
+/// IQ4's level of a nibble.
+fn kv(n: u8) -> i8 {
+    KVALUES_IQ4NL[(n & 15) as usize]
+}
+
+/// Decodes one block of format `f` (`w` exactly its bytes), in the loops of ggml's
+/// `dequantize_row_*`.
 pub(super) fn decode(f: u8, w: &[u8], o: &mut IntBlock) {
     o.len = block_len(f);
     o.sc = [1; 16];
     o.mn = [0; 16];
+    let q = &mut o.q;
     match f {
         fmt::Q5_0 | fmt::Q5_1 => {
+            // Level j: nibble j % 16 of qs (low for j < 16), fifth bit j of qh.
             let off = if f == fmt::Q5_0 { 2 } else { 4 };
             let qh = u32::from_le_bytes([w[off], w[off + 1], w[off + 2], w[off + 3]]);
             let bias = if f == fmt::Q5_0 { 16 } else { 0 };
             o.group = 32;
             for j in 0..16 {
-                let b = w[off + 4 + j] as i32;
-                o.q[j] = ((b & 15) | (((qh >> j) & 1) << 4) as i32) - bias;
-                o.q[j + 16] = ((b >> 4) | (((qh >> (j + 16)) & 1) << 4) as i32) - bias;
+                let b = w[off + 4 + j];
+                q[j] = ((b & 15) | (((qh >> j) & 1) << 4) as u8) as i8 - bias;
+                q[j + 16] = ((b >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8) as i8 - bias;
             }
         }
         fmt::IQ4_NL => {
             o.group = 32;
             for j in 0..16 {
-                o.q[j] = KVALUES_IQ4NL[(w[2 + j] & 15) as usize] as i32;
-                o.q[j + 16] = KVALUES_IQ4NL[(w[2 + j] >> 4) as usize] as i32;
+                q[j] = kv(w[2 + j]);
+                q[j + 16] = kv(w[2 + j] >> 4);
             }
         }
         fmt::Q2_K => {
@@ -58,22 +67,28 @@ pub(super) fn decode(f: u8, w: &[u8], o: &mut IntBlock) {
                 o.sc[g] = (s & 15) as i32;
                 o.mn[g] = (s >> 4) as i32;
             }
-            // Element 128n + 32s + l is bits 2s.. of qs[32n + l].
-            for i in 0..256 {
-                let (n, s, l) = (i / 128, (i / 32) % 4, i % 32);
-                o.q[i] = ((w[16 + 32 * n + l] >> (2 * s)) & 3) as i32;
+            // Levels 128n + 32s + l: bits 2s.. of qs[32n + l].
+            for n in 0..2 {
+                for s in 0..4 {
+                    for l in 0..32 {
+                        q[128 * n + 32 * s + l] = ((w[16 + 32 * n + l] >> (2 * s)) & 3) as i8;
+                    }
+                }
             }
         }
         fmt::Q3_K => {
             o.group = 16;
             o.sc = q3k_scales(&w[96..108]);
-            // Element 128n + 32s + l: bits 2s.. of qs[32n + l], less 4 unless bit 4n + s of
+            // Levels 128n + 32s + l: bits 2s.. of qs[32n + l], less 4 unless bit 4n + s of
             // hmask[l] is set.
-            for i in 0..256 {
-                let (n, s, l) = (i / 128, (i / 32) % 4, i % 32);
-                let low = ((w[32 + 32 * n + l] >> (2 * s)) & 3) as i32;
-                let high = (w[l] >> (4 * n + s)) & 1;
-                o.q[i] = low - if high == 1 { 0 } else { 4 };
+            for n in 0..2 {
+                for s in 0..4 {
+                    for l in 0..32 {
+                        let low = ((w[32 + 32 * n + l] >> (2 * s)) & 3) as i8;
+                        let high = (w[l] >> (4 * n + s)) & 1;
+                        q[128 * n + 32 * s + l] = low - if high == 1 { 0 } else { 4 };
+                    }
+                }
             }
         }
         fmt::Q4_K | fmt::Q5_K => {
@@ -82,15 +97,18 @@ pub(super) fn decode(f: u8, w: &[u8], o: &mut IntBlock) {
             for j in 0..8 {
                 (o.sc[j], o.mn[j]) = scale_min_k4(j, &w[4..16]);
             }
-            // Element 64g + 32h + l: nibble h of qs[32g + l]; Q5_K's fifth bit is bit 2g + h
+            // Levels 64g + 32h + l: nibble h of qs[32g + l]; Q5_K's fifth bit is bit 2g + h
             // of qh[l].
-            for i in 0..256 {
-                let (g, h, l) = (i / 64, (i / 32) % 2, i % 32);
-                let mut v = ((w[qs + 32 * g + l] >> (4 * h)) & 15) as i32;
-                if f == fmt::Q5_K {
-                    v |= (((w[16 + l] >> (2 * g + h)) & 1) as i32) << 4;
+            for g in 0..4 {
+                for h in 0..2 {
+                    for l in 0..32 {
+                        let mut v = (w[qs + 32 * g + l] >> (4 * h)) & 15;
+                        if f == fmt::Q5_K {
+                            v |= ((w[16 + l] >> (2 * g + h)) & 1) << 4;
+                        }
+                        q[64 * g + 32 * h + l] = v as i8;
+                    }
                 }
-                o.q[i] = v;
             }
         }
         fmt::Q6_K => {
@@ -98,13 +116,16 @@ pub(super) fn decode(f: u8, w: &[u8], o: &mut IntBlock) {
             for g in 0..16 {
                 o.sc[g] = w[192 + g] as i8 as i32;
             }
-            // Element 128n + 32s + l: nibble s / 2 of ql[64n + 32(s % 2) + l], bits 2s.. of
+            // Levels 128n + 32s + l: nibble s / 2 of ql[64n + 32(s % 2) + l], bits 2s.. of
             // qh[32n + l] above it, less 32.
-            for i in 0..256 {
-                let (n, s, l) = (i / 128, (i / 32) % 4, i % 32);
-                let low = (w[64 * n + 32 * (s % 2) + l] >> (4 * (s / 2))) & 15;
-                let high = (w[128 + 32 * n + l] >> (2 * s)) & 3;
-                o.q[i] = (low | (high << 4)) as i32 - 32;
+            for n in 0..2 {
+                for s in 0..4 {
+                    for l in 0..32 {
+                        let low = (w[64 * n + 32 * (s % 2) + l] >> (4 * (s / 2))) & 15;
+                        let high = (w[128 + 32 * n + l] >> (2 * s)) & 3;
+                        q[128 * n + 32 * s + l] = (low | (high << 4)) as i8 - 32;
+                    }
+                }
             }
         }
         _ => {
@@ -116,8 +137,8 @@ pub(super) fn decode(f: u8, w: &[u8], o: &mut IntBlock) {
                 o.sc[ib] = (lo | (((sh >> (2 * ib)) & 3) << 4)) - 32;
                 for j in 0..16 {
                     let b = w[8 + 16 * ib + j];
-                    o.q[32 * ib + j] = KVALUES_IQ4NL[(b & 15) as usize] as i32;
-                    o.q[32 * ib + j + 16] = KVALUES_IQ4NL[(b >> 4) as usize] as i32;
+                    q[32 * ib + j] = kv(b);
+                    q[32 * ib + j + 16] = kv(b >> 4);
                 }
             }
         }
@@ -158,7 +179,7 @@ pub(super) fn block_sums(w: &IntBlock, a: &[i8]) -> (i32, i32) {
         let dot: i32 = w.q[r.clone()]
             .iter()
             .zip(&a[r.clone()])
-            .map(|(&q, &x)| q * x as i32)
+            .map(|(&q, &x)| q as i32 * x as i32)
             .sum();
         let sum: i32 = a[r].iter().map(|&x| x as i32).sum();
         isum += w.sc[g] * dot;
@@ -172,14 +193,10 @@ pub(super) fn tile(f: u8, acts: &QkActs, i0: usize, mr: usize, rows: &[&[u8]], o
     let (bb, d_off, m_off, min) = layout(f);
     let (bl, nb, nr) = (block_len(f), acts.blocks(), rows.len());
     let mut w = IntBlock::new();
-    // Activation blocks in element order.
-    let xq: Vec<Vec<i8>> = (0..mr)
-        .flat_map(|a| (0..nb).map(move |b| (i0 + a) * nb + b))
-        .map(|blk| {
-            (blk * bl..(blk + 1) * bl)
-                .map(|i| acts.qs[acts.stored(i)])
-                .collect()
-        })
+    // The tile's activation rows in element order.
+    let x0 = i0 * acts.k;
+    let xq: Vec<i8> = (x0..x0 + mr * acts.k)
+        .map(|i| acts.qs[acts.stored(i)])
         .collect();
     for (n, row) in rows.iter().enumerate() {
         let mut acc = [0f32; super::MAX_MR];
@@ -190,7 +207,8 @@ pub(super) fn tile(f: u8, acts: &QkActs, i0: usize, mr: usize, rows: &[&[u8]], o
             let mw = f16_at(wb, m_off);
             for (a, acc) in acc.iter_mut().enumerate().take(mr) {
                 let blk = (i0 + a) * nb + b;
-                let (isum, msum) = block_sums(&w, &xq[a * nb + b]);
+                let xb = &xq[(a * nb + b) * bl..(a * nb + b + 1) * bl];
+                let (isum, msum) = block_sums(&w, xb);
                 let sa = acts.s.get(blk).copied().unwrap_or(0.0);
                 *acc = combine(min, *acc, isum, msum, dw, mw, acts.d[blk], sa);
             }

@@ -166,7 +166,7 @@ enum Command {
         k: usize,
         #[arg(long)]
         n: usize,
-        /// Weight format: f32, f16, bf16, q8_0, q4_0, q4_1.
+        /// Weight format: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs.
         #[arg(long)]
         dtype: String,
         #[arg(long)]

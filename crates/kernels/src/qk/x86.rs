@@ -103,18 +103,26 @@ unsafe fn hsum4(v: &[__m256i; 4]) -> __m128i {
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h))
 }
 
-/// The f16 at byte `off` of each of the first `cnt` blocks `w[r]`, widened (others 0).
+/// The f16 at byte `off` of each block `w[r]`, widened.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn f16x4(w: &[*const u8; 4], cnt: usize, off: usize) -> __m128 {
-    let h = |r: usize| {
-        if r < cnt {
-            std::ptr::read_unaligned(w[r].add(off) as *const i16)
-        } else {
-            0
-        }
-    };
+unsafe fn f16x4(w: &[*const u8; 4], off: usize) -> __m128 {
+    let h = |r: usize| std::ptr::read_unaligned(w[r].add(off) as *const i16);
     _mm_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), 0, 0, 0, 0))
+}
+
+/// The f16 pairs at byte `off` of each block `w[r]` (a scale and the minimum after it),
+/// widened: `(scales, minimums)`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn f16x4_pairs(w: &[*const u8; 4], off: usize) -> (__m128, __m128) {
+    let h = |r: usize| std::ptr::read_unaligned(w[r].add(off) as *const i32);
+    let both = _mm256_cvtph_ps(_mm_setr_epi32(h(0), h(1), h(2), h(3)));
+    let split = _mm256_permutevar8x32_ps(both, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    (
+        _mm256_castps256_ps128(split),
+        _mm256_extractf128_ps::<1>(split),
+    )
 }
 
 /// Generates the loop for one kernel set: `$dot::<MR, F>(w, acts, b)` gives a block's
@@ -131,7 +139,6 @@ macro_rules! driver {
             let (bb, d_off, m_off, min) = layout(F);
             let (nb, nr) = (acts.k / block_len(F), rows.len());
             let x = ActRows::<MR>::new(acts, i0);
-            let sign = _mm_set1_ps(-0.0);
             for c0 in (0..nr).step_by(4) {
                 let cnt = (nr - c0).min(4);
                 let w: [*const u8; 4] = std::array::from_fn(|r| rows[c0 + r.min(cnt - 1)].as_ptr());
@@ -148,22 +155,30 @@ macro_rules! driver {
                             }
                         }
                     }
+                    // Rows past `cnt` repeat the last one: their lanes are not stored.
                     let wb: [*const u8; 4] = std::array::from_fn(|r| w[r].add(b * bb));
-                    let dw = f16x4(&wb, cnt, d_off);
-                    let mw = if min == MinKind::None {
-                        _mm_setzero_ps()
+                    let (dw, mw) = if min == MinKind::None {
+                        (f16x4(&wb, d_off), _mm_setzero_ps())
                     } else {
-                        f16x4(&wb, cnt, m_off)
+                        debug_assert_eq!(m_off, d_off + 2);
+                        f16x4_pairs(&wb, d_off)
                     };
                     for a in 0..MR {
-                        let da = _mm_set1_ps(*x.d[a].add(b));
-                        let isum = _mm_cvtepi32_ps(hsum4(&si[a]));
+                        let d = *x.d[a].add(b);
+                        let da = _mm_set1_ps(d);
+                        let mut isum = hsum4(&si[a]);
+                        if F == fmt::Q5_0 {
+                            // Levels were fed as q + 16: less 16 · Σa.
+                            isum = _mm_sub_epi32(isum, _mm_set1_epi32(16 * *x.qsum[a].add(b)));
+                        }
+                        let isum = _mm_cvtepi32_ps(isum);
                         acc[a] = _mm_fmadd_ps(isum, _mm_mul_ps(dw, da), acc[a]);
                         match min {
                             MinKind::None => {}
                             MinKind::Int => {
                                 let msum = _mm_cvtepi32_ps(hsum4(&sm[a]));
-                                let neg = _mm_xor_ps(_mm_mul_ps(mw, da), sign);
+                                // −(mw · da), exactly.
+                                let neg = _mm_mul_ps(mw, _mm_set1_ps(-d));
                                 acc[a] = _mm_fmadd_ps(msum, neg, acc[a]);
                             }
                             MinKind::Float => {
@@ -203,8 +218,8 @@ unsafe fn dot_avx2<const MR: usize, const F: u8>(
 ) -> Sums<MR> {
     use super::{x86_k as k, x86_small as s};
     match F {
-        fmt::Q5_0 => s::q5::<MR, true, false>(w, x, b),
-        fmt::Q5_1 => s::q5::<MR, false, false>(w, x, b),
+        fmt::Q5_0 => s::q5::<MR, true, false, false>(w, x, b),
+        fmt::Q5_1 => s::q5::<MR, false, false, false>(w, x, b),
         fmt::IQ4_NL => s::iq4nl::<MR, false>(w, x, b),
         fmt::Q2_K => k::q2k::<MR, false>(w, x, b),
         fmt::Q3_K => k::q3k::<MR, false>(w, x, b),
@@ -243,8 +258,8 @@ unsafe fn dot512<const MR: usize, const F: u8, const VNNI: bool>(
 ) -> Sums<MR> {
     use super::{x86_k as k, x86_k512 as z, x86_small as s};
     match F {
-        fmt::Q5_0 => s::q5::<MR, true, VNNI>(w, x, b),
-        fmt::Q5_1 => s::q5::<MR, false, VNNI>(w, x, b),
+        fmt::Q5_0 => s::q5::<MR, true, VNNI, true>(w, x, b),
+        fmt::Q5_1 => s::q5::<MR, false, VNNI, true>(w, x, b),
         fmt::IQ4_NL => s::iq4nl::<MR, VNNI>(w, x, b),
         fmt::Q2_K => k::q2k::<MR, VNNI>(w, x, b),
         fmt::Q3_K => k::q3k::<MR, VNNI>(w, x, b),

@@ -1,9 +1,9 @@
 //! AVX2 integer dots of one 32-weight block (Q5_0, Q5_1, IQ4_NL) with 8-bit activation
 //! blocks, as llama.cpp's `ggml_vec_dot_q5_0_q8_0` and friends: the 32 levels in one vector
 //! (low nibbles of the 16 bytes first, then high), Q5's fifth bits spread from the 32-bit
-//! `qh` by a byte shuffle and compare. Q5 levels go in unsigned (`0..32`), Q5_0's offset of
-//! 16 through the activations' quant sum; IQ4_NL's table values as `|v|` against the quants
-//! with `v`'s sign.
+//! `qh` by a byte shuffle and compare (AVX-512: a byte mask). Q5 levels go in unsigned
+//! (`0..32`), Q5_0's offset of 16 through the activations' quant sum; IQ4_NL's table values as
+//! `|v|` against the quants with `v`'s sign.
 //!
 //! `#[inline(always)]` into the drivers of `super::x86` (no `#[target_feature]` of their
 //! own). Invariants: as `super::x86`'s, and the CPU has AVX2.
@@ -55,26 +55,35 @@ unsafe fn quants<const MR: usize>(x: &ActRows<MR>, a: usize, b: usize) -> __m256
     _mm256_loadu_si256(x.q[a].add(32 * b) as *const __m256i)
 }
 
-/// Q5_0 (`OFFSET`: levels less 16) and Q5_1.
+/// Q5_0 (`OFFSET`) and Q5_1, levels `0..32`: Q5_0's offset of 16 (`16 · Σa`) is left to
+/// `super::x86`'s driver, once per 4 rows. With `AVX512`, the fifth bits add 16 through a
+/// byte mask loaded straight from `qh`.
 #[inline(always)]
-pub(super) unsafe fn q5<const MR: usize, const OFFSET: bool, const VNNI: bool>(
+pub(super) unsafe fn q5<
+    const MR: usize,
+    const OFFSET: bool,
+    const VNNI: bool,
+    const AVX512: bool,
+>(
     w: *const u8,
     x: &ActRows<MR>,
     b: usize,
 ) -> Sums<MR> {
     let qh = w.add(if OFFSET { 2 } else { 4 });
-    let high = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(16));
-    let lv = _mm256_or_si256(nibbles(qh.add(4)), high);
+    let lv = if AVX512 {
+        let set = std::ptr::read_unaligned(qh as *const u32);
+        let lo = nibbles(qh.add(4));
+        _mm256_mask_add_epi8(lo, set, lo, _mm256_set1_epi8(16))
+    } else {
+        let high = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(16));
+        _mm256_or_si256(nibbles(qh.add(4)), high)
+    };
     let mut s = Sums {
         i: [_mm256_setzero_si256(); MR],
         m: [_mm256_setzero_si256(); MR],
     };
     for a in 0..MR {
         s.i[a] = dot4::<VNNI>(lv, quants(x, a, b));
-        if OFFSET {
-            let corr = _mm_cvtsi32_si128(16 * *x.qsum[a].add(b));
-            s.i[a] = _mm256_sub_epi32(s.i[a], _mm256_zextsi128_si256(corr));
-        }
     }
     s
 }

@@ -4,8 +4,9 @@
 //! (`ggml_vec_dot_*_q8_K`, `ggml_vec_dot_q5_0_q8_0`, …).
 //!
 //! Activations ([`QkActs`]) are quantized per row: Q8_K blocks (ggml's `quantize_row_q8_K`,
-//! bitwise) for the super-block types, 32-element blocks with `d = amax / 127` and the quant
-//! sum ([`crate::quant_acts`]) for the others.
+//! bitwise; on AVX2 by `x86_quant`) for the super-block types, 32-element blocks with
+//! `d = amax / 127` and the quant sum ([`crate::quant_acts`]) for the others. Q4_K's and Q5_K's
+//! quants are kept in the weights' nibble order (`QkActs::stored`).
 //!
 //! Arithmetic, the same on every kernel ([`Kernel`]): per weight row, activation row and
 //! block, the integer sums are exact:
@@ -15,13 +16,19 @@
 //!   32-weight types; Q3_K's and IQ4_XS's `s − 32`);
 //! - `msum = Σ_g m_g · Σ_{i∈g} a_i` for the types with sub-block minimums (Q2_K, Q4_K, Q5_K).
 //!
-//! and then, per output element and block in order, starting from `acc = 0` ([`combine`],
+//! and then, per output element and block in order, starting from `acc = 0` (`combine`,
 //! every `·+` one fused multiply-add):
 //! `acc = isum ·+ (d_w · d_a)`, then `acc = msum ·+ −(dmin_w · d_a)` (Q2_K, Q4_K, Q5_K) or
 //! `acc = m_w ·+ s_a` (Q5_1, `s_a = d_a · Σa`). The integer sums are computed in any order
 //! (they are exact) and each element's float operations do not depend on the tile shape, its
-//! position or the other rows: results are batch invariant and bitwise the same on the
-//! portable, AVX2 and AVX-512 kernels.
+//! position or the other rows: results are batch invariant and **bitwise the same** on the
+//! portable, AVX2 and AVX-512 kernels (the tests check equality, no tolerance).
+//!
+//! Kernels: `portable` (decode to integer levels, plain sums); `x86` (the loop: 4 weight
+//! rows a pass, horizontal integer sums, the float steps lane-wise) over per-format dots:
+//! `x86_k` (super-blocks) and `x86_small` (32-weight blocks) with `vpmaddubsw`/`vpmaddwd` on
+//! AVX2, the same on 256-bit AVX-512VL with VNNI's `vpdpwssd`/`vpdpbusd`, and `x86_k512`
+//! (Q4_K, Q5_K, Q6_K on 512-bit vectors).
 
 use tessera_core::ggml_quants::{quantize_row_q8_k_into, QK_K};
 use tessera_core::DType;

@@ -1,14 +1,16 @@
 //! The x86 kernels' common loop: weight rows in chunks of 4, and per block
 //! - each row's integer dot against every activation row of the tile ([`super::x86_k`],
-//!   [`super::x86_small`]: lanes of 32-bit partial sums, exact), the weight block decoded
-//!   once for all activation rows;
+//!   [`super::x86_small`], [`super::x86_k512`]: lanes of 32-bit partial sums, exact), the
+//!   weight block decoded once for all activation rows;
 //! - the 4 rows' lanes summed horizontally to one `isum` (and `msum`) per row ([`hsum4`]);
 //! - the float step of [`super::combine`] on 4 elements at once (lane `r` is row `r`'s
 //!   element: the same operations, in the same order, as the portable kernel's).
 //!
-//! Invariants for every `unsafe fn` here and in the dot modules: the CPU has the features
-//! of its `#[target_feature]`; `w` points at a whole weight block; [`ActRows`] points at
-//! `MR` activation rows of the tile with every block of a row readable at `b < blocks`.
+//! One driver per kernel set (`driver!`: AVX2; AVX-512 without and with VNNI), each with its
+//! `#[target_feature]`s; the dot functions have none of their own and are inlined into it.
+//! Invariants for every `unsafe fn` here and in the dot modules: the CPU has the driver's
+//! features; `w` points at a whole weight block; [`ActRows`] points at `MR` activation rows
+//! of the tile with every block of a row readable at `b < blocks`.
 
 use std::arch::x86_64::*;
 

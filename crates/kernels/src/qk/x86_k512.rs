@@ -1,9 +1,10 @@
-//! AVX-512 integer dots of one super-block with Q8_K activation rows: 64 levels a vector
-//! (Q4_K/Q5_K: one 32-weight sub-block in each 256-bit half; Q6_K: four 16-weight ones, one
-//! per 128-bit lane), the sub-block scales placed per lane by one `vpermw`. With VNNI,
-//! `vpdpwssd` folds the scale's `vpmaddwd` and the add. Level offsets and minimums go
-//! through the block sums as in [`super::x86_k`]; the lanes are folded to 256 bits for
-//! `super::x86`'s horizontal sums.
+//! AVX-512 integer dots of one super-block with Q8_K activation rows, 64 levels a vector:
+//! Q4_K/Q5_K take the low (or high) nibbles of 64 weight bytes, sub-blocks `g` and `g + 2`,
+//! one per 256-bit half, against 64 contiguous activation quants (their nibble order,
+//! `QkActs::stored`); Q6_K takes four 16-weight sub-blocks, one per 128-bit lane. The
+//! sub-block scales are placed per lane by one `vpermw`; with VNNI, `vpdpwssd` folds the
+//! scale's `vpmaddwd` and the add. Level offsets and minimums go through the block sums as
+//! in [`super::x86_k`]; the lanes are folded to 256 bits for `super::x86`'s horizontal sums.
 //!
 //! These functions carry no `#[target_feature]`: they are `#[inline(always)]` into the
 //! AVX-512 drivers of `super::x86`, whose features (with or without VNNI) they take.

@@ -13,8 +13,9 @@ use crate::aligned::AlignedF32;
 use crate::gemm::GemmWeight;
 use crate::isa::Isa;
 
-/// Weights of a row decoded at a time: one super-block, or eight 32-weight blocks.
-pub(crate) const CHUNK: usize = 256;
+/// Weights of a row decoded at a time: two super-blocks, or sixteen 32-weight blocks (a
+/// tile's rows then lie 2 KiB apart in the buffer: 4 KiB would alias in L1).
+pub(crate) const CHUNK: usize = 512;
 
 thread_local! {
     static CHUNKS: RefCell<AlignedF32> = const { RefCell::new(AlignedF32::new()) };
@@ -88,6 +89,14 @@ unsafe fn tile<const MR: usize, const NR: usize>(
     use std::arch::x86_64::*;
     let (bl, bb) = (dtype.block_len(), dtype.block_bytes());
     let rows: [&[u8]; NR] = std::array::from_fn(|b| w.row(j0 + b));
+    // The next tile's rows (adjacent in memory) requested into L2 while this one runs: the
+    // rows are read in 256-weight pieces that jump between them, which the hardware
+    // prefetchers follow poorly from DRAM.
+    if let Some(next) = w.stored_rows(j0 + NR..j0 + 2 * NR) {
+        for line in next.chunks(64) {
+            _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+        }
+    }
     let mut acc = [[_mm256_setzero_ps(); NR]; MR];
     let mut c0 = 0;
     while c0 < k {

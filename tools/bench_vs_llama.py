@@ -18,6 +18,9 @@ against its target and writes the raw figures as JSON lines.
 Usage:
   tools/bench_vs_llama.py --llama-bench PATH [--model GGUF] [--threads 2] [--rounds 3]
                           [--tests pp512,tg128,pp4096,tg128@4000] [--out FILE.jsonl]
+
+Decode runs also report their memory bound (the weights a token reads over the DRAM read
+bandwidth measured beside them) and each engine's fraction of it.
 Only the Python standard library is needed. llama.cpp is built beside the project, never in
 it (README: "Measuring beside llama.cpp").
 """
@@ -68,7 +71,14 @@ def tessera_rate(args, precision, test):
     if args.kv_dtype:
         cmd += ["--kv-dtype", args.kv_dtype]
     obj = json.loads(run_json(cmd).strip().splitlines()[-1])
+    if kind == "tg" and obj.get("tg_bound_tok_s"):
+        BOUNDS.append(obj["tg_bound_tok_s"])
     return obj["pp_tok_s" if kind == "pp" else "tg_tok_s"]
+
+
+# Decode's memory bound as `tessera bench model` measures it beside each decode run: the
+# weights a step reads over the DRAM read bandwidth (tok/s).
+BOUNDS = []
 
 
 def llama_rate(args, test):
@@ -134,6 +144,15 @@ def main():
         verdict = "met" if ex / ll >= target else "missed"
         print(f"| {t} | {ex:.1f} | {fa:.1f} | {ll:.1f} | {ex / ll:.2f}x | "
               f"{target:.1f}x ({verdict}) | {fa / ll:.2f}x |")
+    if BOUNDS:
+        b = statistics.median(BOUNDS)
+        print(f"\ndecode bound (weights a token / DRAM read bandwidth, median of "
+              f"{len(BOUNDS)} measurements): {b:.1f} tok/s")
+        for t in tests:
+            if TESTS[t][0] == "tg":
+                ex, fa, ll = (med[(e, t)] for e in engines)
+                print(f"- {t}: exact {ex / b:.2f}, fast {fa / b:.2f}, llama.cpp {ll / b:.2f} "
+                      f"of the bound")
 
 
 if __name__ == "__main__":

@@ -199,6 +199,16 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
         tcs.push(tc);
     }
     let (pp_med, tg_med) = (median(&pps), median(&tgs));
+    // Decode's memory bound, measured beside the runs: the weights a step reads over the
+    // DRAM read bandwidth of all units.
+    let dram_gbs = (tg > 0).then(|| tessera_kernels::calibrate::dram_read_gbs(&engine.pool));
+    let tg_bound = dram_gbs.map(|g| g * 1e9 / engine.step_weight_bytes.max(1) as f64);
+    if let (Some(g), Some(b)) = (dram_gbs, tg_bound) {
+        info(format!(
+            "decode bound: {:.1} MB of weights a token over {g:.1} GB/s of DRAM reads = {b:.1} tok/s",
+            engine.step_weight_bytes as f64 / 1e6
+        ));
+    }
     let (pc_med, tc_med) = (median(&pcs), median(&tcs));
     let fin = |x: f64| x.is_finite().then_some(x);
     if cfg.json {
@@ -222,6 +232,9 @@ fn run_one_tp(cfg: &ModelConfig, tp: usize) -> Result<()> {
                 "tg_tok_s": fin(tg_med),
                 "pp_runs": pps.iter().map(|&x| fin(x)).collect::<Vec<_>>(),
                 "tg_runs": tgs.iter().map(|&x| fin(x)).collect::<Vec<_>>(),
+                "step_weight_bytes": engine.step_weight_bytes,
+                "dram_read_gbs": dram_gbs,
+                "tg_bound_tok_s": tg_bound,
             })
         );
     } else {

@@ -42,6 +42,8 @@ pub struct Engine {
     pub kv_dtype: KvDtype,
     /// Bytes of the weights as stored (mapped, not copied).
     pub weight_bytes: usize,
+    /// Bytes of the weights a decode step reads (`ModelFiles::step_weight_bytes`).
+    pub step_weight_bytes: usize,
     pub load_secs: f64,
     /// Activation buffers of the one-off forwards ([`Engine::forward`], [`Engine::logits_all`]);
     /// step engines own their own.
@@ -213,6 +215,7 @@ impl Engine {
             name: files.name.clone(),
             config: files.config.clone(),
             weight_bytes: files.weight_bytes(),
+            step_weight_bytes: files.step_weight_bytes(),
             model,
             tokenizer,
             pool,

@@ -64,6 +64,16 @@ impl ModelFiles {
     pub fn weight_bytes(&self) -> usize {
         self.tensors.values().map(|t| t.data().len()).sum()
     }
+
+    /// Bytes of the weights one decode step reads: all of them but an embedding table that
+    /// is not also the output head (a token reads one row of it).
+    pub fn step_weight_bytes(&self) -> usize {
+        let embed = match self.tensors.get("token_embd.weight") {
+            Some(t) if !self.config.tie_embeddings => t.data().len(),
+            _ => 0,
+        };
+        self.weight_bytes() - embed
+    }
 }
 
 /// Opens a GGUF file or a Hugging Face model folder.

@@ -117,7 +117,6 @@ pub fn stream_dot_generic(dtype: DType, x: &[f32], row: &[u8]) -> f32 {
     s
 }
 
-
 /// Writes `vals` (plus the bias) to `out[row, col0 .. col0 + vals.len()]`.
 #[inline]
 pub(crate) fn write_row(

@@ -2,9 +2,11 @@
 //! Q4_K/Q5_K take the low (or high) nibbles of 64 weight bytes, sub-blocks `g` and `g + 2`,
 //! one per 256-bit half, against 64 contiguous activation quants (their nibble order,
 //! `QkActs::stored`); Q6_K takes four 16-weight sub-blocks, one per 128-bit lane. The
-//! sub-block scales are placed per lane by one `vpermw`; with VNNI, `vpdpwssd` folds the
-//! scale's `vpmaddwd` and the add. Level offsets and minimums go through the block sums as
-//! in [`super::x86_k`]; the lanes are folded to 256 bits for `super::x86`'s horizontal sums.
+//! sub-block scales are placed per lane by one `vpermw`. Without VNNI: `vpmaddubsw`, then
+//! `vpmaddwd` by the scales; with VNNI, two level vectors at a time: `vpdpbusd` sums of 4,
+//! packed to i16 and scaled by one `vpdpwssd` ([`dot_pair`]: 3 multiplies for 2 vectors, not
+//! 4). Level offsets and minimums go through the block sums as in [`super::x86_k`]; the lanes
+//! are folded to 256 bits for `super::x86`'s horizontal sums.
 //!
 //! These functions carry no `#[target_feature]`: they are `#[inline(always)]` into the
 //! AVX-512 drivers of `super::x86`, whose features (with or without VNNI) they take.
@@ -43,6 +45,32 @@ unsafe fn lanes8(idx: [i16; 4]) -> __m512i {
     let lo = _mm256_setr_m128i(q(0), q(1));
     let hi = _mm256_setr_m128i(q(2), q(3));
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// `vpermw` indices: i16 lane `i` takes lane `idx[i / 4]`.
+#[inline(always)]
+unsafe fn quads(idx: [i16; 8]) -> __m512i {
+    let v: [i16; 32] = std::array::from_fn(|i| idx[i / 4]);
+    _mm512_loadu_si512(v.as_ptr() as *const _)
+}
+
+/// With VNNI, `acc + Σ scale · (u0 · v0 ‖ u1 · v1)`: `vpdpbusd` sums of 4 products (each
+/// fits an i16: levels below 64, quants at most 127 in magnitude), packed to i16 (per
+/// 128-bit lane: 4 sums of `u0`, 4 of `u1`) and scaled and added by one `vpdpwssd`; `scale`
+/// holds, per 128-bit lane, `u0`'s sub-block scale 4 times, then `u1`'s.
+#[inline(always)]
+unsafe fn dot_pair(
+    acc: __m512i,
+    u0: __m512i,
+    v0: __m512i,
+    u1: __m512i,
+    v1: __m512i,
+    scale: __m512i,
+) -> __m512i {
+    let zero = _mm512_setzero_si512();
+    let s0 = _mm512_dpbusd_epi32(zero, u0, v0);
+    let s1 = _mm512_dpbusd_epi32(zero, u1, v1);
+    _mm512_dpwssd_epi32(acc, _mm512_packs_epi32(s0, s1), scale)
 }
 
 /// `vpermw` indices: i16 lanes 0..16 take lane `lo`, 16..32 lane `hi`.
@@ -88,21 +116,36 @@ pub(super) unsafe fn q4k<const MR: usize, const Q5: bool, const VNNI: bool>(
             _mm512_and_si512(bits, m4),
             _mm512_and_si512(_mm512_srli_epi16::<4>(bits), m4),
         ];
-        for (h, lv) in lv.iter().enumerate() {
-            // Sub-blocks g (low 256 bits) and g + 2 (high).
-            let g = 4 * p + h;
-            let mut lv = *lv;
-            if Q5 {
-                // Their fifth bits: bit g, g + 2 of qh[l].
+        let mut lv = lv;
+        if Q5 {
+            for (h, lv) in lv.iter_mut().enumerate() {
+                // The fifth bits of sub-blocks g, g + 2: bits g, g + 2 of qh[l].
+                let g = 4 * p + h;
                 let bit = |k: usize| _mm256_set1_epi8((1u8 << k) as i8);
                 let sel = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bit(g)), bit(g + 2));
                 let set = _mm512_test_epi8_mask(hb, sel);
-                lv = _mm512_mask_add_epi8(lv, set, lv, _mm512_set1_epi8(16));
+                *lv = _mm512_mask_add_epi8(*lv, set, *lv, _mm512_set1_epi8(16));
             }
-            let scale = _mm512_permutexvar_epi16(halves16(g as i16, g as i16 + 2), sc);
+        }
+        // Low nibbles: sub-blocks 4p (low 256 bits), 4p + 2; high: 4p + 1, 4p + 3.
+        let g = 4 * p as i16;
+        if VNNI {
+            let scale = _mm512_permutexvar_epi16(
+                quads([g, g + 1, g, g + 1, g + 2, g + 3, g + 2, g + 3]),
+                sc,
+            );
             for (a, acc) in acc.iter_mut().enumerate() {
-                let p16 = _mm512_maddubs_epi16(lv, quants(x, a, b, 128 * p + 64 * h));
-                *acc = mac::<VNNI>(*acc, p16, scale);
+                let (q0, q1) = (quants(x, a, b, 128 * p), quants(x, a, b, 128 * p + 64));
+                *acc = dot_pair(*acc, lv[0], q0, lv[1], q1, scale);
+            }
+        } else {
+            for (h, lv) in lv.iter().enumerate() {
+                let g = g + h as i16;
+                let scale = _mm512_permutexvar_epi16(halves16(g, g + 2), sc);
+                for (a, acc) in acc.iter_mut().enumerate() {
+                    let p16 = _mm512_maddubs_epi16(*lv, quants(x, a, b, 128 * p + 64 * h));
+                    *acc = mac::<VNNI>(*acc, p16, scale);
+                }
             }
         }
     }
@@ -148,12 +191,25 @@ pub(super) unsafe fn q6k<const MR: usize, const VNNI: bool>(
             _mm512_ternarylogic_epi32::<0xea>(ql, m4, top_lo),
             _mm512_ternarylogic_epi32::<0xea>(_mm512_srli_epi16::<4>(ql), m4, top_hi),
         ];
-        for (h, lv) in lv.iter().enumerate() {
-            let g = (8 * n + 4 * h) as i16;
-            let scale = _mm512_permutexvar_epi16(lanes8([g, g + 1, g + 2, g + 3]), sc);
+        // Low levels: sub-blocks 8n + k in 128-bit lane k; high levels: 8n + 4 + k.
+        let g = 8 * n as i16;
+        if VNNI {
+            let scale = _mm512_permutexvar_epi16(
+                quads([g, g + 4, g + 1, g + 5, g + 2, g + 6, g + 3, g + 7]),
+                sc,
+            );
             for (a, acc) in acc.iter_mut().enumerate() {
-                let p16 = _mm512_maddubs_epi16(*lv, quants(x, a, b, 128 * n + 64 * h));
-                *acc = mac::<VNNI>(*acc, p16, scale);
+                let (q0, q1) = (quants(x, a, b, 128 * n), quants(x, a, b, 128 * n + 64));
+                *acc = dot_pair(*acc, lv[0], q0, lv[1], q1, scale);
+            }
+        } else {
+            for (h, lv) in lv.iter().enumerate() {
+                let g = g + 4 * h as i16;
+                let scale = _mm512_permutexvar_epi16(lanes8([g, g + 1, g + 2, g + 3]), sc);
+                for (a, acc) in acc.iter_mut().enumerate() {
+                    let p16 = _mm512_maddubs_epi16(*lv, quants(x, a, b, 128 * n + 64 * h));
+                    *acc = mac::<VNNI>(*acc, p16, scale);
+                }
             }
         }
     }

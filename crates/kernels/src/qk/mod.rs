@@ -261,6 +261,15 @@ impl QkActs {
         i / 128 * 128 + 32 * q + i % 32
     }
 
+    /// Whether these activations serve weights of `dtype` (the same block size and quant
+    /// order: Q4_K and Q5_K share theirs, the other super-block types theirs, Q5_0, Q5_1 and
+    /// IQ4_NL theirs); otherwise quantize again for `dtype`.
+    pub fn serves(&self, dtype: DType) -> bool {
+        fmt_of(dtype).is_some_and(|f| {
+            block_len(f) == self.block && matches!(f, fmt::Q4_K | fmt::Q5_K) == self.nibble_order
+        })
+    }
+
     /// Blocks per row.
     fn blocks(&self) -> usize {
         self.k / self.block
@@ -380,10 +389,9 @@ pub fn tile_with(
     );
     assert!(nr <= MAX_NR, "qk: nr = {nr} is above {MAX_NR}");
     assert!(i0 + mr <= acts.m, "qk: activation rows outside the batch");
-    assert_eq!(
-        acts.block,
-        block_len(f),
-        "qk: activations quantized for another block size"
+    assert!(
+        acts.serves(dtype),
+        "qk: activations quantized for another layout than {dtype}'s"
     );
     let row_bytes = acts.blocks() * layout(f).0;
     assert!(

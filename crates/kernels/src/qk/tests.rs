@@ -248,6 +248,22 @@ proptest! {
 }
 
 #[test]
+fn activations_serve_their_layouts_only() {
+    let x = vec![0.5f32; 256];
+    for &d in &TYPES {
+        let acts = QkActs::quantize(d, &x, 1, 256);
+        for &e in &TYPES {
+            let same = |t: DType| match t {
+                DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => 0,
+                DType::Q4_K | DType::Q5_K => 1,
+                _ => 2,
+            };
+            assert_eq!(acts.serves(e), same(d) == same(e), "{d} acts for {e}");
+        }
+    }
+}
+
+#[test]
 fn unsupported_types_are_refused() {
     for d in DType::ALL {
         let expect = TYPES.contains(&d);

@@ -32,7 +32,8 @@ unsafe fn bsums<const MR: usize>(x: &ActRows<MR>, a: usize, b: usize) -> __m256i
     _mm256_loadu_si256(x.bs[a].add(16 * b) as *const __m256i)
 }
 
-/// A vector of i16 lane `k` of each 128-bit half of `v` (a `vpshufb` index).
+/// A `vpshufb` index that repeats i16 lane `lo` of the low 128-bit half and lane `hi` of the
+/// high one.
 #[inline(always)]
 unsafe fn lane16(lo: i32, hi: i32) -> __m256i {
     let idx = |k: i32| 0x0100 + 0x0202 * k;

@@ -158,18 +158,14 @@ macro_rules! driver {
                             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l));
                         }
                     }
-                    let mut si = [[_mm256_setzero_si256(); 4]; MR];
-                    let mut sm = [[_mm256_setzero_si256(); 4]; MR];
-                    for r in 0..4 {
-                        if r < cnt {
-                            let s = $dot::<MR, F>(w[r].add(b * bb), &x, b);
-                            for a in 0..MR {
-                                si[a][r] = s.i[a];
-                                sm[a][r] = s.m[a];
-                            }
-                        }
-                    }
-                    // Rows past `cnt` repeat the last one: their lanes are not stored.
+                    // Rows past `cnt` repeat the last one (computed, never stored: no
+                    // branches, and the sums stay in registers).
+                    let s = [
+                        $dot::<MR, F>(w[0].add(b * bb), &x, b),
+                        $dot::<MR, F>(w[1].add(b * bb), &x, b),
+                        $dot::<MR, F>(w[2].add(b * bb), &x, b),
+                        $dot::<MR, F>(w[3].add(b * bb), &x, b),
+                    ];
                     let wb: [*const u8; 4] = std::array::from_fn(|r| w[r].add(b * bb));
                     let (dw, mw) = if min == MinKind::None {
                         (f16x4(&wb, d_off), _mm_setzero_ps())
@@ -180,7 +176,7 @@ macro_rules! driver {
                     for a in 0..MR {
                         let d = *x.d[a].add(b);
                         let da = _mm_set1_ps(d);
-                        let mut isum = hsum4(&si[a]);
+                        let mut isum = hsum4(&[s[0].i[a], s[1].i[a], s[2].i[a], s[3].i[a]]);
                         if F == fmt::Q5_0 {
                             // Levels were fed as q + 16: less 16 · Σa.
                             isum = _mm_sub_epi32(isum, _mm_set1_epi32(16 * *x.qsum[a].add(b)));
@@ -190,7 +186,8 @@ macro_rules! driver {
                         match min {
                             MinKind::None => {}
                             MinKind::Int => {
-                                let msum = _mm_cvtepi32_ps(hsum4(&sm[a]));
+                                let m = [s[0].m[a], s[1].m[a], s[2].m[a], s[3].m[a]];
+                                let msum = _mm_cvtepi32_ps(hsum4(&m));
                                 // −(mw · da), exactly.
                                 let neg = _mm_mul_ps(mw, _mm_set1_ps(-d));
                                 acc[a] = _mm_fmadd_ps(msum, neg, acc[a]);

@@ -238,7 +238,8 @@ proptest! {
             }
             let (mut qs, mut bsums) = ([0i8; 256], [0i16; 16]);
             let d = q8k_block(simd, &x, &mut qs, &mut bsums);
-            prop_assert_eq!(d.to_bits(), f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]).to_bits());
+            let want = f32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]);
+            prop_assert_eq!(d.to_bits(), want.to_bits());
             prop_assert!(qs.iter().zip(&raw[4..260]).all(|(&q, &r)| q as u8 == r));
             for g in 0..16 {
                 prop_assert_eq!(bsums[g], i16::from_le_bytes([raw[260 + 2 * g], raw[261 + 2 * g]]));
@@ -272,51 +273,44 @@ fn unsupported_types_are_refused() {
 }
 
 /// GB/s of weight bytes per format and kernel set, one thread, an L2-resident 256 x 1536
-/// weight, M = 1 and 4. `cargo test --release -p tessera-kernels qk::tests::bench -- --ignored --nocapture`
+/// weight, M = 1 and 4; then the activation quantizers' ns per element. Run with
+/// `cargo test --release -p tessera-kernels qk::tests::bench -- --ignored --nocapture`;
+/// `QK_BENCH=Q4_K,Q6_K`, `QK_BENCH_M=1`, `QK_BENCH_KERNEL=Avx2,Avx512Vnni`, `QK_BENCH_N`
+/// (rows: 400000 streams from DRAM) and `QK_BENCH_REPS` narrow or widen it.
 #[test]
 #[ignore]
 fn bench() {
-    let n: usize = std::env::var("QK_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(256);
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let listed = |list: &str, item: &str| list.is_empty() || list.split(',').any(|t| t == item);
+    let n: usize = var("QK_BENCH_N").parse().unwrap_or(256);
+    let reps: usize = var("QK_BENCH_REPS").parse().unwrap_or(1000);
+    let ms: Vec<usize> = match var("QK_BENCH_M").as_str() {
+        "" => vec![1, 4],
+        v => v.split(',').filter_map(|m| m.parse().ok()).collect(),
+    };
+    let (types, ks) = (var("QK_BENCH"), var("QK_BENCH_KERNEL"));
     let k = 1536;
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    // QK_BENCH=Q4_K,Q6_K limits the formats.
-    let only = std::env::var("QK_BENCH").unwrap_or_default();
-    for dtype in TYPES {
-        if !only.is_empty() && !only.split(',').any(|t| t == dtype.to_string()) {
-            continue;
-        }
+    for dtype in TYPES.into_iter().filter(|d| listed(&types, &d.to_string())) {
         let rows = weights(dtype, n, k / dtype.block_len(), &mut rng);
         let bytes = (n * dtype.row_bytes(k).unwrap()) as f64;
+        let tiles: Vec<Vec<&[u8]>> = rows
+            .chunks(MAX_NR)
+            .map(|c| c.iter().map(|r| r.as_slice()).collect())
+            .collect();
         let mut line = format!("{:7}", dtype.to_string());
-        // QK_BENCH_M=1 limits M; QK_BENCH_KERNEL=Avx512Vnni the kernel sets.
-        let ms: Vec<usize> = match std::env::var("QK_BENCH_M") {
-            Ok(v) => v.split(',').filter_map(|m| m.parse().ok()).collect(),
-            Err(_) => vec![1, 4],
-        };
-        let ks = std::env::var("QK_BENCH_KERNEL").unwrap_or_default();
-        for m in ms {
+        for &m in &ms {
             let x = activations(m, k, &mut rng);
             let acts = QkActs::quantize(dtype, &x, m, k);
-            let tiles: Vec<Vec<&[u8]>> = rows
-                .chunks(MAX_NR)
-                .map(|c| c.iter().map(|r| r.as_slice()).collect())
-                .collect();
             let mut out = vec![0f32; m * MAX_NR];
             for kernel in kernels() {
-                if !ks.is_empty() && !ks.split(',').any(|k| k == format!("{kernel:?}")) {
+                if !listed(&ks, &format!("{kernel:?}")) {
                     continue;
                 }
-                let reps: usize = std::env::var("QK_BENCH_REPS")
-                    .ok()
-                    .and_then(|r| r.parse().ok())
-                    .unwrap_or(1000);
-                let reps = if kernel == Kernel::Portable { 2 } else { reps };
                 // Each pass over the weight timed on its own; the 10th percentile (a
                 // shared machine preempts some passes).
-                let mut times: Vec<f64> = (0..reps)
+                let passes = if kernel == Kernel::Portable { 2 } else { reps };
+                let mut times: Vec<f64> = (0..passes)
                     .map(|_| {
                         let t = std::time::Instant::now();
                         for tr in &tiles {
@@ -327,7 +321,7 @@ fn bench() {
                     })
                     .collect();
                 times.sort_by(f64::total_cmp);
-                let best = times[reps / 10];
+                let best = times[passes / 10];
                 line += &format!("  M={m} {kernel:?} {:6.1}", bytes / best / 1e9);
             }
         }

@@ -122,19 +122,19 @@ fn rejects_tensor_data_outside_file_and_absurd_dims() {
 
 #[test]
 fn unsupported_type_is_named_on_use() {
-    let data = vec![0u8; 144];
+    let data = vec![0u8; 66]; // one IQ2_XXS block (a type Tessera does not load)
     let b = write(
         &[],
         &[TensorSpec {
             name: "blk.0.q",
             dims: &[256, 1],
-            ggml_type: 12,
+            ggml_type: 16,
             data: &data,
         }],
     );
     let f = GgufFile::from_bytes(&b).unwrap();
     let e = f.tensor(&f.tensors[0]).unwrap_err().to_string();
-    assert_eq!(e, "unsupported tensor type Q4_K for tensor blk.0.q");
+    assert_eq!(e, "unsupported tensor type IQ2_XXS for tensor blk.0.q");
 }
 
 /// No byte of a crafted key, name or value reaches a message unescaped, or at length.
@@ -161,13 +161,13 @@ fn errors_quote_file_strings_escaped_and_short() {
     safe(&e);
     assert!(e.contains("bytes)"), "{e}");
     // A tensor name, through the error type's own display.
-    let data = vec![0u8; 144];
+    let data = vec![0u8; 66]; // one IQ2_XXS block (a type Tessera does not load)
     let b = write(
         &[("general.alignment", MetaValue::String(long.clone()))],
         &[TensorSpec {
             name: evil,
             dims: &[256, 1],
-            ggml_type: 12,
+            ggml_type: 16,
             data: &data,
         }],
     );
@@ -177,7 +177,7 @@ fn errors_quote_file_strings_escaped_and_short() {
         &[TensorSpec {
             name: &long,
             dims: &[256, 1],
-            ggml_type: 12,
+            ggml_type: 16,
             data: &data,
         }],
     );

@@ -90,17 +90,25 @@ unsafe fn tile<const MR: usize, const NR: usize>(
     let (bl, bb) = (dtype.block_len(), dtype.block_bytes());
     let rows: [&[u8]; NR] = std::array::from_fn(|b| w.row(j0 + b));
     // The next tile's rows (adjacent in memory) requested into L2 while this one runs: the
-    // rows are read in 256-weight pieces that jump between them, which the hardware
-    // prefetchers follow poorly from DRAM.
-    if let Some(next) = w.stored_rows(j0 + NR..j0 + 2 * NR) {
-        for line in next.chunks(64) {
-            _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
-        }
-    }
+    // rows are read in pieces that jump between them, which the hardware prefetchers follow
+    // poorly from DRAM.
+    let next = w.stored_rows(j0 + NR..j0 + 2 * NR).unwrap_or(&[]);
+    let chunks = k.div_ceil(CHUNK);
+    // The next tile's lines, an equal share with each chunk (not all at once, which would
+    // queue them ahead of this tile's own misses).
+    let share = next.len().div_ceil(64).div_ceil(chunks) * 64;
     let mut acc = [[_mm256_setzero_ps(); NR]; MR];
     let mut c0 = 0;
     while c0 < k {
         let len = CHUNK.min(k - c0);
+        let at = (c0 / CHUNK) * share;
+        for line in next
+            .get(at..(at + share).min(next.len()))
+            .unwrap_or(&[])
+            .chunks(64)
+        {
+            _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast());
+        }
         for (b, row) in rows.iter().enumerate() {
             let dst = &mut buf[b * CHUNK..b * CHUNK + len];
             crate::gemm::dequantize(isa, dtype, &row[c0 / bl * bb..(c0 + len) / bl * bb], dst);

@@ -1,26 +1,27 @@
-//! GGUF vocabularies as `tokenizer.json` documents.
+//! GGUF vocabularies as `tokenizers` tokenizers (and as `tokenizer.json` documents), built as
+//! Hugging Face transformers builds them from the same file.
 //!
 //! - `gpt2` (byte-level BPE): vocab and merges as stored; the pre-tokenizer is chosen by
 //!   `tokenizer.ggml.pre`, matching the regexes llama.cpp uses for each. For `smollm` that
 //!   means splitting digits one by one *before* the byte-level regex, as SmolLM2's original
 //!   tokenizer does (transformers' GGUF conversion drops that split).
-//! - `llama` (SentencePiece BPE): merges are rebuilt from the scores (a merge's rank is its
-//!   result's score, as transformers' `SentencePieceExtractor` does), with byte fallback and
-//!   `▁` for spaces.
+//! - `llama` (SentencePiece-style BPE): as transformers builds it from the same file; see
+//!   [`crate::spm`].
 //!
 //! Tokens of type CONTROL (3) and USER_DEFINED (4) become added tokens, matched verbatim in
 //! text; control tokens are special.
-
-use std::collections::HashMap;
 
 use serde_json::{json, Value};
 use tessera_core::untrusted::quote;
 use tessera_core::{Error, Result};
 use tessera_formats::TokenizerSource;
+use tokenizers::models::bpe::Vocab;
 
-const TYPE_UNKNOWN: i32 = 2;
-const TYPE_CONTROL: i32 = 3;
-const TYPE_USER_DEFINED: i32 = 4;
+use crate::spm;
+
+pub(crate) const TYPE_UNKNOWN: i32 = 2;
+pub(crate) const TYPE_CONTROL: i32 = 3;
+pub(crate) const TYPE_USER_DEFINED: i32 = 4;
 
 const GPT2_REGEX: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -63,119 +64,215 @@ fn pre_tokenizer(pre: &str) -> (Value, bool) {
     }
 }
 
-fn added_tokens(tokens: &[String], types: &[i32]) -> Vec<Value> {
-    tokens
+/// A GGUF vocabulary taken apart into what a `tokenizers::Tokenizer` is made of. The big
+/// parts (vocabulary, merges) are handed to `tokenizers` directly: going through a JSON
+/// document costs seconds on a 262k vocabulary.
+pub(crate) struct Parts {
+    pub normalizer: Value,
+    pub pre_tokenizer: Value,
+    pub decoder: Value,
+    /// Each string once, with its id.
+    pub vocab: Vocab,
+    /// Best first.
+    pub merges: Vec<(String, String)>,
+    pub unk: Option<String>,
+    pub fuse_unk: bool,
+    pub byte_fallback: bool,
+    pub ignore_merges: bool,
+    /// (id, text, special), matched verbatim in text before anything else.
+    pub added: Vec<(u32, String, bool)>,
+}
+
+impl Parts {
+    fn shell(&self, added: Value, model: Value) -> Value {
+        json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": added,
+            "normalizer": self.normalizer,
+            "pre_tokenizer": self.pre_tokenizer,
+            "post_processor": null,
+            "decoder": self.decoder,
+            "model": model,
+        })
+    }
+
+    fn model_json(&self, vocab: Value, merges: Value) -> Value {
+        json!({"type": "BPE", "dropout": null, "unk_token": self.unk, "continuing_subword_prefix": null,
+               "end_of_word_suffix": null, "fuse_unk": self.fuse_unk, "byte_fallback": self.byte_fallback,
+               "ignore_merges": self.ignore_merges, "vocab": vocab, "merges": merges})
+    }
+
+    /// The whole `tokenizer.json` document.
+    fn json(&self) -> Value {
+        let added: Vec<Value> = self
+            .added
+            .iter()
+            .map(|(id, content, special)| {
+                json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": special})
+            })
+            .collect();
+        let vocab: serde_json::Map<String, Value> = self
+            .vocab
+            .iter()
+            .map(|(t, i)| (t.clone(), json!(i)))
+            .collect();
+        let merges: Vec<Value> = self.merges.iter().map(|(l, r)| json!([l, r])).collect();
+        self.shell(
+            Value::Array(added),
+            self.model_json(Value::Object(vocab), Value::Array(merges)),
+        )
+    }
+
+    fn build(self) -> Result<tokenizers::Tokenizer> {
+        let empty = self.model_json(json!({}), json!([]));
+        let mut tok: tokenizers::Tokenizer = self
+            .shell(json!([]), empty)
+            .to_string()
+            .parse()
+            .map_err(|e| Error::Tokenizer(format!("{e}")))?;
+        let mut bpe = tokenizers::models::bpe::BPE::builder()
+            .vocab_and_merges(self.vocab, self.merges)
+            .fuse_unk(self.fuse_unk)
+            .byte_fallback(self.byte_fallback)
+            .ignore_merges(self.ignore_merges);
+        if let Some(unk) = self.unk {
+            bpe = bpe.unk_token(unk);
+        }
+        let bpe = bpe.build().map_err(|e| Error::Tokenizer(format!("{e}")))?;
+        tok.with_model(bpe);
+        let added: Vec<tokenizers::AddedToken> = self
+            .added
+            .into_iter()
+            .map(|(_, content, special)| {
+                tokenizers::AddedToken::from(content, special).normalized(false)
+            })
+            .collect();
+        tok.add_tokens(&added);
+        Ok(tok)
+    }
+}
+
+/// GPT-2's byte-to-character table (`bytes_to_unicode`).
+fn byte_chars() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut n = 0;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        table[b as usize] = if printable {
+            char::from(b)
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap()
+        };
+    }
+    table
+}
+
+/// A byte-level vocabulary as transformers reads it from a GGUF: a token that is not
+/// written in the byte alphabet is spelled in it (its UTF-8 bytes); a CONTROL token is
+/// special unless it is not written in the alphabet (a mislabel, skipped), a USER_DEFINED
+/// one is a plain added token when its text is in the vocabulary.
+fn bpe_parts(tokens: &[String], types: &[i32], merges: &[String], pre: &str) -> Result<Parts> {
+    let table = byte_chars();
+    let alphabet: std::collections::HashSet<char> = table.iter().copied().collect();
+    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
+    let spelled: Vec<String> = tokens
+        .iter()
+        .map(|t| {
+            if in_alphabet(t) {
+                t.clone()
+            } else {
+                t.bytes().map(|b| table[b as usize]).collect()
+            }
+        })
+        .collect();
+    let vocab = last_ids(&spelled);
+    let added = tokens
         .iter()
         .zip(types)
         .enumerate()
-        .filter(|(_, (_, &t))| t == TYPE_CONTROL || t == TYPE_USER_DEFINED)
-        .map(|(id, (content, &t))| {
-            json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
-                   "normalized": false, "special": t == TYPE_CONTROL})
+        .filter(|&(_, (t, &ty))| {
+            (ty == TYPE_CONTROL && in_alphabet(t))
+                || (ty == TYPE_USER_DEFINED && vocab.contains_key(t.as_str()))
         })
-        .collect()
+        .map(|(id, (t, &ty))| (id as u32, t.clone(), ty == TYPE_CONTROL))
+        .collect();
+    let merges = merges
+        .iter()
+        .map(|m| match m.split_once(' ') {
+            Some((l, r)) if !r.contains(' ') => Ok((l.to_string(), r.to_string())),
+            _ => Err(Error::Tokenizer(format!(
+                "malformed merge {} (expected \"left right\")",
+                quote(m)
+            ))),
+        })
+        .collect::<Result<_>>()?;
+    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre);
+    Ok(Parts {
+        normalizer: Value::Null,
+        pre_tokenizer,
+        decoder: json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}),
+        vocab,
+        merges,
+        unk: None,
+        fuse_unk: false,
+        byte_fallback: false,
+        ignore_merges,
+        added,
+    })
 }
 
-fn vocab_map(tokens: &[String]) -> serde_json::Map<String, Value> {
-    let mut vocab = serde_json::Map::new();
-    for (id, t) in tokens.iter().enumerate() {
-        // Keep the first id of a duplicated string; later duplicates stay reachable as ids.
-        vocab.entry(t.clone()).or_insert(json!(id));
+/// The vocabulary with each string at its *last* id (transformers builds a Python dict in
+/// id order).
+pub(crate) fn last_ids(spelled: &[String]) -> Vocab {
+    let mut vocab = Vocab::with_capacity(spelled.len());
+    for (i, t) in spelled.iter().enumerate() {
+        vocab.insert(t.clone(), i as u32);
     }
     vocab
 }
 
-/// The `tokenizer.json` document equivalent to a GGUF vocabulary.
-pub fn tokenizer_json(source: &TokenizerSource) -> Result<Value> {
+fn parts(source: &TokenizerSource) -> Result<Parts> {
     match source {
         TokenizerSource::GgufBpe {
             tokens,
             token_types,
             merges,
             pre,
-        } => {
-            let (pre_tok, ignore_merges) = pre_tokenizer(pre);
-            for m in merges {
-                if m.split(' ').count() != 2 {
-                    return Err(Error::Tokenizer(format!(
-                        "malformed merge {} (expected \"left right\")",
-                        quote(m)
-                    )));
-                }
-            }
-            Ok(json!({
-                "version": "1.0", "truncation": null, "padding": null,
-                "added_tokens": added_tokens(tokens, token_types),
-                "normalizer": null,
-                "pre_tokenizer": pre_tok,
-                "post_processor": null,
-                "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-                "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                          "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                          "ignore_merges": ignore_merges, "vocab": vocab_map(tokens), "merges": merges}
-            }))
-        }
+        } => bpe_parts(tokens, token_types, merges, pre),
         TokenizerSource::GgufSpm {
             tokens,
             token_types,
             scores,
             add_space_prefix,
-        } => {
-            let unk = token_types
-                .iter()
-                .position(|&t| t == TYPE_UNKNOWN)
-                .map(|i| tokens[i].clone());
-            let mut normalizers = vec![];
-            if *add_space_prefix {
-                normalizers.push(json!({"type": "Prepend", "prepend": "▁"}));
-            }
-            normalizers
-                .push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"}));
-            Ok(json!({
-                "version": "1.0", "truncation": null, "padding": null,
-                "added_tokens": added_tokens(tokens, token_types),
-                "normalizer": {"type": "Sequence", "normalizers": normalizers},
-                "pre_tokenizer": null,
-                "post_processor": null,
-                "decoder": {"type": "Sequence", "decoders": [
-                    {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-                    {"type": "ByteFallback"}, {"type": "Fuse"},
-                    {"type": "Strip", "content": " ", "start": if *add_space_prefix { 1 } else { 0 }, "stop": 0}]},
-                "model": {"type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
-                          "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
-                          "ignore_merges": false, "vocab": vocab_map(tokens),
-                          "merges": spm_merges(tokens, token_types, scores)}
-            }))
-        }
-        TokenizerSource::HfJson(s) => {
-            serde_json::from_str(s).map_err(|e| Error::Tokenizer(format!("tokenizer.json: {e}")))
-        }
+        } => Ok(spm::parts(
+            tokens,
+            token_types,
+            scores,
+            *add_space_prefix,
+            spm::Flavor::guess(tokens),
+        )),
+        TokenizerSource::HfJson(_) => unreachable!("not a GGUF vocabulary"),
     }
 }
 
-/// BPE merges implied by a SentencePiece vocabulary: every split of a normal token into two
-/// vocabulary pieces, ranked by the merged token's score (higher first), then by the pieces'
-/// ids, as transformers' `SentencePieceExtractor` orders them.
-fn spm_merges(tokens: &[String], types: &[i32], scores: &[f32]) -> Vec<String> {
-    let ids: HashMap<&str, usize> = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.as_str(), i))
-        .collect();
-    let mut merges: Vec<(f32, usize, usize, String)> = vec![];
-    for (id, piece) in tokens.iter().enumerate() {
-        if types[id] != 1 {
-            continue;
+/// The `tokenizer.json` document equivalent to a GGUF vocabulary.
+pub fn tokenizer_json(source: &TokenizerSource) -> Result<Value> {
+    match source {
+        TokenizerSource::HfJson(s) => {
+            serde_json::from_str(s).map_err(|e| Error::Tokenizer(format!("tokenizer.json: {e}")))
         }
-        for (split, _) in piece.char_indices().skip(1) {
-            let (l, r) = piece.split_at(split);
-            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
-                merges.push((scores[id], li, ri, format!("{l} {r}")));
-            }
-        }
+        other => Ok(parts(other)?.json()),
     }
-    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-    merges.into_iter().map(|m| m.3).collect()
+}
+
+/// The tokenizer of a source: [`tokenizer_json`] loaded into `tokenizers`, faster.
+pub fn build(source: &TokenizerSource) -> Result<tokenizers::Tokenizer> {
+    match source {
+        TokenizerSource::HfJson(s) => s.parse().map_err(|e| Error::Tokenizer(format!("{e}"))),
+        other => parts(other)?.build(),
+    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 pub mod chat;
 mod chat_ids;
 pub mod gguf;
+pub mod spm;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -21,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use tessera_core::{Error, Result, TemplateError};
-use tessera_formats::{TokenizerSource, TokenizerSpec};
+use tessera_formats::TokenizerSpec;
 
 pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
 pub use stream::StreamDecoder;
@@ -49,11 +50,7 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
 
 impl Tokenizer {
     pub fn from_spec(spec: &TokenizerSpec) -> Result<Self> {
-        let json = match &spec.source {
-            TokenizerSource::HfJson(s) => s.clone(),
-            other => gguf::tokenizer_json(other)?.to_string(),
-        };
-        let inner: tokenizers::Tokenizer = json.parse().map_err(tok_err)?;
+        let inner = gguf::build(&spec.source)?;
         let vocab_size = inner.get_vocab_size(true);
         let mut t = Tokenizer {
             inner,

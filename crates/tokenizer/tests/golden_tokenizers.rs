@@ -1,0 +1,264 @@
+//! Token ids of awkward strings (unicode, code, digits, whitespace runs, special tokens in
+//! text, the empty string) against Hugging Face transformers, for every tokenizer golden in
+//! `tests/golden/tokenizers/` (written by `tools/reference/make_tokenizer_golden.py`).
+//!
+//! For each case: Tessera's ids (no BOS) equal the golden's expected ids (`expect`:
+//! transformers' unless the golden's note says why not), and decoding them gives the text
+//! the same reference decodes them to (`decoded`, special tokens kept). The BOS rule is checked once per
+//! tokenizer. llama.cpp's ids are recorded in the goldens beside transformers' and not
+//! checked here (where the two differ, transformers is the reference).
+//!
+//! The tiny vocabularies are committed next to their goldens. The others are real files
+//! outside the repository (model files in `~/.cache/tessera/models/`, llama.cpp's
+//! vocabulary files in its source tree under `~/.cache/tessera/llama.cpp/`): a missing one
+//! skips with a line saying SKIPPED, unless `TESSERA_REQUIRE_REAL_MODELS=1`, which makes
+//! it fail. A file whose SHA-256 is not the golden's fails.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tessera_formats::gguf::{GgufFile, MetaValue};
+use tessera_formats::{TokenizerSource, TokenizerSpec};
+use tessera_tokenizer::Tokenizer;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn home() -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+}
+
+/// The golden's `model_file`: `tests/...` in the repository, `~/...` in the home folder,
+/// where one `*` component stands for any folder (the newest name that has the file).
+fn resolve(recorded: &str) -> Option<PathBuf> {
+    if recorded.starts_with("tests/") {
+        return Some(repo_root().join(recorded));
+    }
+    let rest = recorded.strip_prefix("~/")?;
+    let mut paths = vec![home()];
+    for part in rest.split('/') {
+        paths = if part == "*" {
+            let mut next: Vec<PathBuf> = paths
+                .iter()
+                .filter_map(|p| std::fs::read_dir(p).ok())
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .collect();
+            next.sort();
+            next.reverse();
+            next
+        } else {
+            paths.into_iter().map(|p| p.join(part)).collect()
+        };
+    }
+    paths.into_iter().find(|p| p.exists())
+}
+
+fn sha256_file(path: &Path) -> String {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn strings(f: &GgufFile, key: &str) -> Vec<String> {
+    f.get(key)
+        .and_then(MetaValue::as_array)
+        .unwrap_or_else(|| panic!("{key} missing"))
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The tokenizer part of a GGUF, as `tessera_formats::load` reads it (the model files
+/// here may be vocabulary-only, which `load_model` does not open).
+fn gguf_spec(f: &GgufFile) -> TokenizerSpec {
+    let tokens = strings(f, "tokenizer.ggml.tokens");
+    let token_types: Vec<i32> = match f
+        .get("tokenizer.ggml.token_type")
+        .and_then(MetaValue::as_array)
+    {
+        Some(a) => a.iter().map(|v| v.as_i64().unwrap_or(1) as i32).collect(),
+        None => vec![1; tokens.len()],
+    };
+    let id = |k: &str| f.get(k).and_then(MetaValue::as_u64).map(|v| v as u32);
+    let source = match f.get("tokenizer.ggml.model").and_then(MetaValue::as_str) {
+        Some("gpt2") => TokenizerSource::GgufBpe {
+            tokens,
+            token_types,
+            merges: strings(f, "tokenizer.ggml.merges"),
+            pre: f
+                .get("tokenizer.ggml.pre")
+                .and_then(MetaValue::as_str)
+                .unwrap_or("default")
+                .to_string(),
+        },
+        Some("llama") => TokenizerSource::GgufSpm {
+            scores: f
+                .get("tokenizer.ggml.scores")
+                .and_then(MetaValue::as_array)
+                .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(0.0) as f32).collect())
+                .unwrap_or_else(|| vec![0.0; tokens.len()]),
+            tokens,
+            token_types,
+            add_space_prefix: f
+                .get("tokenizer.ggml.add_space_prefix")
+                .and_then(MetaValue::as_bool)
+                .unwrap_or(true),
+        },
+        other => panic!("tokenizer model {other:?}"),
+    };
+    let add_bos = f
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(MetaValue::as_bool)
+        .unwrap_or(matches!(source, TokenizerSource::GgufSpm { .. }));
+    TokenizerSpec {
+        source,
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_ids: id("tokenizer.ggml.eos_token_id").into_iter().collect(),
+        add_bos,
+        chat_template: None,
+    }
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn check(name: &str) {
+    let gp = repo_root().join(format!("tests/golden/tokenizers/{name}.json"));
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(&gp).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", gp.display()));
+    let recorded = golden["model_file"].as_str().unwrap();
+    let Some(path) = resolve(recorded) else {
+        let required = std::env::var("TESSERA_REQUIRE_REAL_MODELS").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "TESSERA_REQUIRE_REAL_MODELS=1 but {recorded} is missing (see tools/reference/make_tokenizer_golden.py)"
+        );
+        eprintln!("SKIPPED: {name}: {recorded} is not here");
+        return;
+    };
+    assert_eq!(
+        sha256_file(&path),
+        golden["sha256"].as_str().unwrap(),
+        "{}: not the file the golden was made from",
+        path.display()
+    );
+    let f = GgufFile::open(&path).unwrap();
+    let mut spec = gguf_spec(&f);
+    drop(f);
+    let add_bos = spec.add_bos;
+    spec.add_bos = false;
+    let t0 = Instant::now();
+    let tok = Tokenizer::from_spec(&spec).unwrap();
+    eprintln!(
+        "{name}: tokenizer built in {:.0} ms ({} tokens)",
+        t0.elapsed().as_secs_f64() * 1e3,
+        tok.vocab_size()
+    );
+    let expect = golden["expect"].as_str().unwrap();
+    let cases = golden["cases"].as_array().unwrap();
+    let mut failures = vec![];
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want = ids(&c[expect]);
+        let got = tok.encode(text).unwrap();
+        if got != want {
+            let pieces = |v: &[u32]| -> Vec<String> {
+                v.iter()
+                    .map(|&i| tok.token_text(i).unwrap_or_default())
+                    .collect()
+            };
+            failures.push(format!(
+                "{text:?}\n   want {want:?} {:?}\n   got  {got:?} {:?}",
+                pieces(&want),
+                pieces(&got)
+            ));
+        }
+        let want_text = c["decoded"].as_str().unwrap();
+        let decoded = tok.decode(&want).unwrap();
+        if decoded != want_text {
+            failures.push(format!(
+                "decode of {text:?}: want {want_text:?}, got {decoded:?}"
+            ));
+        }
+    }
+    if add_bos {
+        spec.add_bos = true;
+        let with_bos = Tokenizer::from_spec(&spec).unwrap();
+        let bos = spec.bos_id.unwrap();
+        let plain = tok.encode("Hello").unwrap();
+        assert_eq!(
+            with_bos.encode("Hello").unwrap(),
+            [&[bos][..], &plain].concat()
+        );
+    }
+    eprintln!("{name}: {} cases, {} failures", cases.len(), failures.len());
+    assert!(failures.is_empty(), "{name}:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn gemma3() {
+    check("gemma3");
+}
+
+#[test]
+fn qwen2_5_coder() {
+    check("qwen2.5-coder");
+}
+
+#[test]
+fn smollm2() {
+    check("smollm2");
+}
+
+#[test]
+fn llama3_bpe() {
+    check("llama3-bpe");
+}
+
+#[test]
+fn llama2_spm() {
+    check("llama2-spm");
+}
+
+#[test]
+fn phi3() {
+    check("phi3");
+}
+
+#[test]
+fn mistral_v3() {
+    check("mistral-v3");
+}
+
+#[test]
+fn tiny_spm() {
+    check("tiny-spm");
+}
+
+#[test]
+fn tiny_spm_noprefix() {
+    check("tiny-spm-noprefix");
+}
+
+#[test]
+fn tiny_llama3_bpe() {
+    check("tiny-llama3-bpe");
+}

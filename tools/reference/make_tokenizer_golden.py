@@ -16,23 +16,30 @@ Output: tests/golden/tokenizers/<name>.json
   {name, model_file, sha256, expect, note, add_bos, bos_id, versions,
    cases: [{text, ids_transformers, ids_llama_cpp, decoded_transformers[, ids_sentencepiece]}]}
 
-Tokenizers (`--only NAME,...` picks some; a missing file is skipped with a message):
-  gemma3         ~/.cache/tessera/models/gemma-3-270m-q4_k_m.gguf (SentencePiece-style, 262k)
-  qwen2.5-coder  ~/.cache/tessera/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (pre qwen2)
-  smollm2        ~/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf (pre smollm)
+Tokenizers (`--only NAME,...` picks some; a missing file is skipped with a message). CACHE
+is Tessera's cache folder: $TESSERA_CACHE, else $XDG_CACHE_HOME/tessera, else
+~/.cache/tessera.
+  gemma3         CACHE/models/gemma-3-270m-q4_k_m.gguf (SentencePiece-style, 262k tokens;
+                 tools/fetch_model.py gemma3-270m)
+  qwen2.5-coder  CACHE/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (pre qwen2;
+                 tools/fetch_model.py qwen2.5-coder-0.5b)
+  smollm2        CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf (pre smollm; `tessera pull`)
   llama3-bpe     llama.cpp's models/ggml-vocab-llama-bpe.gguf (Llama 3's 128k vocabulary)
   llama2-spm     llama.cpp's models/ggml-vocab-llama-spm.gguf (Llama 2's 32k SentencePiece)
   phi3           llama.cpp's models/ggml-vocab-phi-3.gguf (Phi-3's 32k SentencePiece)
   mistral-v3     made from the SentencePiece model shipped in the `mistral-common` wheel
-                 (--mistral-common WHEEL_OR_DIR; written to ~/.cache/tessera/tokenizers/)
+                 (--mistral-common WHEEL_OR_DIR, e.g. from `pip download --no-deps
+                 mistral-common`; written to CACHE/tokenizers/mistral-v3-vocab.gguf)
   tiny-spm, tiny-spm-noprefix, tiny-llama3-bpe
                  small vocabularies trained here (sentencepiece BPE; tokenizers BPE with the
                  Llama 3 split), written as tokenizer-only GGUFs to tests/golden/tokenizers/
                  and committed, so CI checks them without any model file.
 
 The llama.cpp vocabulary files ship in llama-cpp-python's source tree, which
-tools/bench_vs_llama.py unpacks under ~/.cache/tessera/llama.cpp/; its libllama.so is the
-llama.cpp tokenizer used here.
+tools/bench_vs_llama.py unpacks (and builds) under CACHE/llama.cpp/; its libllama.so is the
+llama.cpp tokenizer used here. The golden records where its file is (`model_file`:
+`tests/...` or `cache:...`) and, for the model files tools/fetch_model.py fetches, that
+tool's name for it (`fetch`).
 
 Run from the repository root:
     tools/reference/.venv/bin/python tools/reference/make_tokenizer_golden.py [--only gemma3]
@@ -54,10 +61,19 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 OUT_DIR = REPO_ROOT / "tests/golden/tokenizers"
-MODELS = Path.home() / ".cache/tessera/models"
-LLAMA_CPP_ROOT = Path.home() / ".cache/tessera/llama.cpp"
-LLAMA_CPP_MODELS = "~/.cache/tessera/llama.cpp/*/vendor/llama.cpp/models"
-GENERATED = Path.home() / ".cache/tessera/tokenizers"
+
+
+def cache_dir() -> Path:
+    """Tessera's cache folder (as tools/fetch_model.py and tessera_core::cache_dir)."""
+    if os.environ.get("TESSERA_CACHE"):
+        return Path(os.environ["TESSERA_CACHE"])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "tessera"
+    return Path.home() / ".cache" / "tessera"
+
+
+LLAMA_CPP_MODELS = "cache:llama.cpp/*/vendor/llama.cpp/models"
+GENERATED = "cache:tokenizers"
 
 # Strings people write. Original text written for these goldens.
 COMMON_CASES = [
@@ -195,27 +211,31 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def llama_cpp_models_dir() -> Path | None:
-    cands = sorted(LLAMA_CPP_ROOT.glob("*/vendor/llama.cpp/models"))
-    return cands[-1] if cands else None
-
-
 class Source:
     """One tokenizer: where its GGUF is (as recorded in the golden), and how to get it."""
 
     def __init__(self, name, recorded, specials, expect="ids_transformers", note="", make=None,
-                 original=None):
+                 original=None, fetch=None, how=None):
         self.name, self.recorded, self.specials = name, recorded, specials
         self.expect, self.note, self.make, self.original = expect, note, make, original
+        self.fetch = fetch
+        self.how = how or (f"python3 tools/fetch_model.py {fetch}" if fetch else
+                           "llama-cpp-python's source tree, as tools/bench_vs_llama.py unpacks it"
+                           if recorded.startswith(LLAMA_CPP_MODELS) else
+                           "tools/reference/make_tokenizer_golden.py")
 
     def path(self) -> Path | None:
-        r = self.recorded
-        if r.startswith("tests/"):
-            return REPO_ROOT / r
-        if r.startswith(LLAMA_CPP_MODELS):
-            d = llama_cpp_models_dir()
-            return d / r[len(LLAMA_CPP_MODELS) + 1:] if d else None
-        return Path(os.path.expanduser(r))
+        return resolve(self.recorded)
+
+
+def resolve(recorded: str) -> Path | None:
+    """`tests/...` in the repository; `cache:...` in the cache folder, where a `*` component
+    is any folder (the last name, sorted, that has the file)."""
+    if recorded.startswith("tests/"):
+        return REPO_ROOT / recorded
+    assert recorded.startswith("cache:"), recorded
+    cands = sorted(cache_dir().glob(recorded[len("cache:"):]))
+    return cands[-1] if cands else cache_dir() / recorded[len("cache:"):]
 
 
 # ---------------------------------------------------------------------------------------
@@ -296,8 +316,7 @@ def make_mistral(args) -> Path:
         model = tmp / member
     else:
         model = src / member
-    out = GENERATED / "mistral-v3-vocab.gguf"
-    spm_to_gguf(model, out)
+    spm_to_gguf(model, resolve(f"{GENERATED}/mistral-v3-vocab.gguf"))
     return model
 
 
@@ -389,10 +408,11 @@ def smollm_original(path: Path):
 # ---------------------------------------------------------------------------------------
 
 SOURCES = [
-    Source("gemma3", "~/.cache/tessera/models/gemma-3-270m-q4_k_m.gguf", "gemma3"),
-    Source("qwen2.5-coder", "~/.cache/tessera/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-           "qwen"),
-    Source("smollm2", "~/.cache/tessera/models/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm",
+    Source("gemma3", "cache:models/gemma-3-270m-q4_k_m.gguf", "gemma3", fetch="gemma3-270m"),
+    Source("qwen2.5-coder", "cache:models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen",
+           fetch="qwen2.5-coder-0.5b"),
+    Source("smollm2", "cache:models/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm",
+           how="tessera pull (the default model)",
            expect="ids_original", original=smollm_original,
            note="transformers' GGUF conversion drops SmolLM2's individual-digit split "
                 "(pre 'smollm'), so its ids differ on digits from SmolLM2's own tokenizer.json, "
@@ -402,7 +422,9 @@ SOURCES = [
     Source("llama3-bpe", f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-bpe.gguf", "llama3"),
     Source("llama2-spm", f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-spm.gguf", "llama2"),
     Source("phi3", f"{LLAMA_CPP_MODELS}/ggml-vocab-phi-3.gguf", "phi3"),
-    Source("mistral-v3", "~/.cache/tessera/tokenizers/mistral-v3-vocab.gguf", "mistral",
+    Source("mistral-v3", f"{GENERATED}/mistral-v3-vocab.gguf", "mistral",
+           how="tools/reference/make_tokenizer_golden.py --only mistral-v3 --mistral-common "
+               "WHEEL (pip download --no-deps mistral-common)",
            make=make_mistral),
     Source("tiny-spm", "tests/golden/tokenizers/tiny-spm.gguf", "tiny",
            make=lambda a: make_tiny_spm(REPO_ROOT / "tests/golden/tokenizers/tiny-spm.gguf", True)),
@@ -490,6 +512,8 @@ def golden(src: Source, path: Path, llama_lib: Path | None, spm_model: Path | No
     return {
         "name": src.name,
         "model_file": src.recorded,
+        "fetch": src.fetch,
+        "how": src.how,
         "sha256": sha256_file(path),
         "expect": src.expect,
         "note": src.note,

@@ -44,6 +44,18 @@ pub struct Tokenizer {
     vocab_size: usize,
 }
 
+/// `get_vocab_size(true)` (the model's strings and the added ones), without building the
+/// whole vocabulary map as `tokenizers` does for it.
+fn vocab_size(t: &tokenizers::Tokenizer) -> usize {
+    let model = t.get_model();
+    let extra = t
+        .get_added_tokens_decoder()
+        .values()
+        .filter(|a| tokenizers::Model::token_to_id(model, &a.content).is_none())
+        .count();
+    t.get_vocab_size(false) + extra
+}
+
 fn tok_err(e: impl std::fmt::Display) -> Error {
     Error::Tokenizer(e.to_string())
 }
@@ -51,7 +63,7 @@ fn tok_err(e: impl std::fmt::Display) -> Error {
 impl Tokenizer {
     pub fn from_spec(spec: &TokenizerSpec) -> Result<Self> {
         let inner = gguf::build(&spec.source)?;
-        let vocab_size = inner.get_vocab_size(true);
+        let vocab_size = vocab_size(&inner);
         let mut t = Tokenizer {
             inner,
             plain: OnceLock::new(),

@@ -26,6 +26,7 @@
 //! all matched verbatim in the text before anything else.
 
 use std::collections::HashSet;
+use std::ops::Range;
 
 use serde_json::{json, Value};
 
@@ -165,7 +166,11 @@ pub(crate) fn parts(
 /// into two vocabulary strings, best first by (score, left length, right length) with
 /// lengths in characters, then by the token's first place, then by the pieces' ids. A
 /// duplicated string is taken once, at its first place, with its last id's score.
-fn merges(spelled: &[String], ids: &Vocab, score: impl Fn(usize) -> f64) -> Vec<(String, String)> {
+fn merges(
+    spelled: &[String],
+    ids: &Vocab,
+    score: impl Fn(usize) -> f64 + Sync,
+) -> Vec<(String, String)> {
     struct Merge<'a> {
         score: f64,
         len_l: u32,
@@ -175,32 +180,44 @@ fn merges(spelled: &[String], ids: &Vocab, score: impl Fn(usize) -> f64) -> Vec<
         r: u32,
         text: (&'a str, &'a str),
     }
-    // A duplicated string is taken at its first place only.
-    let mut seen: HashSet<&str> = HashSet::new();
     let has_duplicates = ids.len() < spelled.len();
-    let mut out: Vec<Merge> = Vec::with_capacity(2 * spelled.len());
-    for (place, piece) in spelled.iter().enumerate() {
-        let last = ids[piece.as_str()] as usize;
-        if has_duplicates && !seen.insert(piece.as_str()) {
-            continue;
-        }
-        let n_chars = piece.chars().count() as u32;
-        for (len_l, (split, _)) in piece.char_indices().enumerate().skip(1) {
-            let (l, r) = piece.split_at(split);
-            let Some(&li) = ids.get(l) else { continue };
-            if let Some(&ri) = ids.get(r) {
-                out.push(Merge {
-                    score: score(last),
-                    len_l: len_l as u32,
-                    len_r: n_chars - len_l as u32,
-                    place: place as u32,
-                    l: li,
-                    r: ri,
-                    text: (l, r),
-                });
+    let mut skip = vec![];
+    if has_duplicates {
+        let mut seen: HashSet<&str> = HashSet::new();
+        skip = spelled.iter().map(|t| !seen.insert(t.as_str())).collect();
+    }
+    let splits = |range: Range<usize>| {
+        let mut out = vec![];
+        for place in range {
+            if has_duplicates && skip[place] {
+                continue;
+            }
+            let piece = spelled[place].as_str();
+            let last = if has_duplicates {
+                ids[piece] as usize
+            } else {
+                place
+            };
+            let n_chars = piece.chars().count() as u32;
+            for (len_l, (split, _)) in piece.char_indices().enumerate().skip(1) {
+                let (l, r) = piece.split_at(split);
+                let Some(&li) = ids.get(l) else { continue };
+                if let Some(&ri) = ids.get(r) {
+                    out.push(Merge {
+                        score: score(last),
+                        len_l: len_l as u32,
+                        len_r: n_chars - len_l as u32,
+                        place: place as u32,
+                        l: li,
+                        r: ri,
+                        text: (l, r),
+                    });
+                }
             }
         }
-    }
+        out
+    };
+    let mut out: Vec<Merge> = in_parallel(spelled.len(), &splits);
     out.sort_unstable_by(|a, b| {
         b.score
             .total_cmp(&a.score)
@@ -210,7 +227,32 @@ fn merges(spelled: &[String], ids: &Vocab, score: impl Fn(usize) -> f64) -> Vec<
             .then(a.l.cmp(&b.l))
             .then(a.r.cmp(&b.r))
     });
-    out.into_iter()
-        .map(|m| (m.text.0.to_string(), m.text.1.to_string()))
-        .collect()
+    let out = &out;
+    in_parallel(out.len(), &|range: Range<usize>| {
+        out[range]
+            .iter()
+            .map(|m| (m.text.0.to_string(), m.text.1.to_string()))
+            .collect()
+    })
+}
+
+/// `f` over `0..n` cut into one range per core (a large vocabulary takes a while), the
+/// results concatenated in order.
+fn in_parallel<T: Send>(n: usize, f: &(dyn Fn(Range<usize>) -> Vec<T> + Sync)) -> Vec<T> {
+    const SERIAL_BELOW: usize = 50_000;
+    let threads = std::thread::available_parallelism().map_or(1, |c| c.get().min(8));
+    if n < SERIAL_BELOW || threads == 1 {
+        return f(0..n);
+    }
+    let chunk = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n)
+            .step_by(chunk)
+            .map(|a| s.spawn(move || f(a..(a + chunk).min(n))))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("merge worker panicked"))
+            .collect()
+    })
 }

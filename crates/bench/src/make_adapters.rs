@@ -261,6 +261,7 @@ mod tests {
             rope_scaling: RopeScaling::None,
             max_position: 8192,
             tie_embeddings: true,
+            block: Default::default(),
         }
     }
 

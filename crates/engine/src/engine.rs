@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tessera_core::Result;
-use tessera_formats::ModelConfig;
+use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_lora::LoraAdapter;
@@ -184,6 +184,40 @@ impl Engine {
     ) -> Result<Self> {
         let t0 = Instant::now();
         let files = tessera_formats::load_model(path)?;
+        Self::from_files_parallel(files, threads, precision, planner, tp, backend, tp_timeout, t0)
+    }
+
+    /// An engine on loaded files (whose config a caller may have adjusted, e.g. the
+    /// context length), one rank, `threads` compute units.
+    pub fn from_files(
+        files: ModelFiles,
+        threads: usize,
+        precision: Precision,
+        planner: Planner,
+    ) -> Result<Self> {
+        Self::from_files_parallel(
+            files,
+            threads,
+            precision,
+            planner,
+            1,
+            TpBackend::Local,
+            Duration::from_secs(10),
+            Instant::now(),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn from_files_parallel(
+        files: ModelFiles,
+        threads: usize,
+        precision: Precision,
+        planner: Planner,
+        tp: usize,
+        backend: TpBackend,
+        tp_timeout: Duration,
+        t0: Instant,
+    ) -> Result<Self> {
         let tokenizer = Arc::new(Tokenizer::from_spec(&files.tokenizer)?);
         let (model, pool, tp) = if backend == TpBackend::Mpi {
             mpi_leader(&files, precision, &planner, tp, threads, tp_timeout)?

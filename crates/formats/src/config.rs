@@ -2,12 +2,73 @@
 
 use tessera_core::{Error, Result};
 
-/// Decoder families Tessera runs. Llama covers Llama 2/3, SmolLM and Mistral (same graph).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Decoder families Tessera runs; how each differs from Llama is described in
+/// [`crate::family`] and carried by [`BlockSpec`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Arch {
+    /// Llama 1-3.x, SmolLM, and the files that call themselves `llama`.
     Llama,
+    /// Llama with a sliding window where the config has one.
+    Mistral,
     /// Llama plus biases on the q/k/v projections.
     Qwen2,
+    /// Qwen2 without the biases, with RMSNorm on each head of q and k.
+    Qwen3,
+    Gemma2,
+    Gemma3,
+    /// Phi-3, 3.5 and 4-mini: fused q/k/v and gate/up in the files, LongRoPE.
+    Phi3,
+}
+
+/// The activation of the gated MLP: `down(act(gate) * up)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(x) = x / (1 + e^-x)`.
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (PyTorch's `gelu(approximate="tanh")`).
+    GeluTanh,
+}
+
+/// How a family's decoder block departs from Llama's; `Default` is Llama's block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockSpec {
+    pub activation: Activation,
+    /// RMSNorm over each head of q and of k (weights `attn_q_norm`/`attn_k_norm`, one
+    /// head wide), before RoPE.
+    pub qk_norm: bool,
+    /// RMSNorm on the attention and MLP outputs before the residual add
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub post_norms: bool,
+    /// Multiplies the embedding rows (Gemma: √hidden).
+    pub embed_scale: f32,
+    /// Multiplies attention scores; `None`: 1/√head_dim.
+    pub attn_scale: Option<f32>,
+    /// Scores become `c · tanh(score / c)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits become `c · tanh(logit / c)` (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// Per layer, the window of a local layer: position `p` attends keys
+    /// `p - w + 1 ..= p`. Empty: every layer attends all earlier keys.
+    pub windows: Vec<Option<usize>>,
+    /// The RoPE base and scaling of the windowed layers, where it differs from the global
+    /// layers' (Gemma 3: base 10 000, unscaled).
+    pub local_rope: Option<(f32, RopeScaling)>,
+}
+
+impl Default for BlockSpec {
+    fn default() -> Self {
+        BlockSpec {
+            activation: Activation::Silu,
+            qk_norm: false,
+            post_norms: false,
+            embed_scale: 1.0,
+            attn_scale: None,
+            attn_softcap: None,
+            final_softcap: None,
+            windows: Vec::new(),
+            local_rope: None,
+        }
+    }
 }
 
 /// Which pairs of a head's dimensions RoPE rotates together.
@@ -44,6 +105,15 @@ pub enum RopeScaling {
     },
     /// Explicit per-frequency divisors (GGUF `rope_freqs.weight`, how Llama 3 files carry it).
     FreqFactors(Vec<f32>),
+    /// Phi-3's LongRoPE: per-frequency divisors `short` while the context fits the original
+    /// one, `long` beyond it (chosen once, by the engine's context length, as llama.cpp
+    /// does), and cos/sin multiplied by `attn_factor`.
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original_max_position: usize,
+        attn_factor: f32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +134,8 @@ pub struct ModelConfig {
     pub rope_scaling: RopeScaling,
     pub max_position: usize,
     pub tie_embeddings: bool,
+    /// Where the block departs from Llama's.
+    pub block: BlockSpec,
 }
 
 impl ModelConfig {
@@ -72,6 +144,18 @@ impl ModelConfig {
     }
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// Layer `layer`'s attention window (`None`: global).
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.block.windows.get(layer).copied().flatten()
+    }
+
+    /// What attention scores are multiplied by.
+    pub fn attn_scale(&self) -> f32 {
+        self.block
+            .attn_scale
+            .unwrap_or(1.0 / (self.head_dim as f32).sqrt())
     }
 
     /// Checks the numbers are usable together; errors name the field.
@@ -111,14 +195,50 @@ impl ModelConfig {
         if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
             return bad(format!("rope_theta {} is out of range", self.rope_theta));
         }
-        if let RopeScaling::FreqFactors(f) = &self.rope_scaling {
-            if f.len() != self.rope_dim / 2 {
+        let half = self.rope_dim / 2;
+        let factors = |name: &str, f: &[f32]| -> Result<()> {
+            if f.len() != half {
                 return bad(format!(
-                    "rope_freqs has {} entries, expected {}",
-                    f.len(),
-                    self.rope_dim / 2
+                    "{name} has {} entries, expected {half}",
+                    f.len()
                 ));
             }
+            if !f.iter().all(|x| x.is_finite() && *x > 0.0) {
+                return bad(format!("{name} holds a factor that is not positive"));
+            }
+            Ok(())
+        };
+        match &self.rope_scaling {
+            RopeScaling::FreqFactors(f) => factors("rope_freqs", f)?,
+            RopeScaling::LongRope { short, long, .. } => {
+                factors("rope short factors", short)?;
+                factors("rope long factors", long)?;
+            }
+            _ => {}
+        }
+        let b = &self.block;
+        if !b.windows.is_empty() && b.windows.len() != self.n_layers {
+            return bad(format!(
+                "{} attention windows for {} layers",
+                b.windows.len(),
+                self.n_layers
+            ));
+        }
+        if b.windows.iter().flatten().any(|&w| w == 0) {
+            return bad("an attention window of 0 tokens".into());
+        }
+        let positive = |name: &str, v: Option<f32>| match v {
+            Some(x) if !(x.is_finite() && x > 0.0) => {
+                bad(format!("{name} {x} is not a positive number"))
+            }
+            _ => Ok(()),
+        };
+        positive("attention scale", b.attn_scale)?;
+        positive("attention soft-cap", b.attn_softcap)?;
+        positive("final logit soft-cap", b.final_softcap)?;
+        positive("embedding scale", Some(b.embed_scale))?;
+        if let Some((theta, _)) = &b.local_rope {
+            positive("local rope base", Some(*theta))?;
         }
         Ok(())
     }

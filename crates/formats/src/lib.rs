@@ -7,9 +7,11 @@
 //! Tensors stay memory-mapped in their stored formats.
 
 pub mod config;
+pub mod family;
 pub mod gguf;
 pub mod hf;
 pub mod load;
 
-pub use config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+pub use config::{Activation, Arch, BlockSpec, ModelConfig, RopeScaling, RopeStyle};
+pub use family::Family;
 pub use load::{load_model, ModelFiles, TokenizerSource, TokenizerSpec};

@@ -11,7 +11,8 @@ use tessera_core::{Error, Result, WeightTensor};
 /// Longest model name kept from a file (`general.name`).
 const NAME_CHARS: usize = 128;
 
-use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
+use crate::config::{BlockSpec, ModelConfig, RopeScaling};
+use crate::family::{self, Family, GgufMeta};
 use crate::gguf::{GgufFile, MetaValue};
 
 /// Everything the tokenizer crate needs, as plain data.
@@ -137,12 +138,7 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         .and_then(MetaValue::as_str)
         .ok_or_else(|| meta_err("general.architecture", "missing"))?
         .to_string();
-    let known = match arch_name.as_str() {
-        // convert_hf_to_gguf permutes llama q/k rows for interleaved-pair rotation.
-        "llama" | "mistral" => Some((Arch::Llama, RopeStyle::Interleaved)),
-        "qwen2" => Some((Arch::Qwen2, RopeStyle::Neox)),
-        _ => None,
-    };
+    let known = family::by_gguf_arch(&arch_name);
     // Every tensor of a supported file is used, so any unsupported type is fatal
     // (`rope_freqs.weight` aside, which is read as f32 factors when present). All of them
     // and an unknown architecture are named in one error.
@@ -160,7 +156,7 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
                 )
             }),
     );
-    let (arch, rope_style) = match known {
+    let fam: &Family = match known {
         Some(k) if unsupported.is_empty() => k,
         Some(_) => {
             return Err(Error::UnsupportedModel {
@@ -195,7 +191,7 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         None => head_dim,
     };
     let max_position = get_usize(f, &a("context_length"))?;
-    let tensors: HashMap<String, WeightTensor> = f
+    let mut tensors: HashMap<String, WeightTensor> = f
         .tensors
         .iter()
         .filter_map(|info| match f.tensor(info) {
@@ -216,7 +212,8 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
     let rope_scaling = match tensors.get("rope_freqs.weight") {
         Some(t) => RopeScaling::FreqFactors(t.to_f32_vec()),
         None => match f.get(&a("rope.scaling.type")).and_then(MetaValue::as_str) {
-            None | Some("none") => RopeScaling::None,
+            // LongRoPE's factors are tensors the family reads.
+            None | Some("none") | Some("longrope") | Some("su") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear {
                 factor: get_f32(f, &a("rope.scaling.factor"))?.unwrap_or(1.0),
             },
@@ -234,8 +231,8 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
             }
         },
     };
-    let config = ModelConfig {
-        arch,
+    let mut config = ModelConfig {
+        arch: fam.arch,
         vocab_size,
         hidden_size,
         intermediate_size: get_usize(f, &a("feed_forward_length"))?,
@@ -246,13 +243,20 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
         rms_eps: get_f32(f, &a("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
         rope_theta: get_f32(f, &a("rope.freq_base"))?.unwrap_or(10000.0),
         rope_dim,
-        rope_style,
+        rope_style: fam.gguf_rope,
         rope_scaling,
         max_position,
         tie_embeddings: !tensors.contains_key("output.weight"),
+        block: BlockSpec::default(),
     };
+    let meta = GgufMeta {
+        file: f,
+        arch: &arch_name,
+    };
+    (fam.gguf)(&meta, &tensors, &mut config)?;
     config.validate()?;
-    let tokenizer = gguf_tokenizer(f)?;
+    family::split_fused(&mut tensors, &config)?;
+    let tokenizer = gguf_tokenizer(f, fam)?;
     let name = f
         .get("general.name")
         .and_then(MetaValue::as_str)
@@ -270,12 +274,19 @@ pub fn from_gguf(f: &GgufFile, path: &Path) -> Result<ModelFiles> {
     })
 }
 
-fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
+fn gguf_tokenizer(f: &GgufFile, fam: &Family) -> Result<TokenizerSpec> {
     let model = f
         .get("tokenizer.ggml.model")
         .and_then(MetaValue::as_str)
         .ok_or_else(|| meta_err("tokenizer.ggml.model", "missing"))?;
     let tokens = string_array(f, "tokenizer.ggml.tokens")?;
+    // The family's end-of-turn tokens, found by their text (as llama.cpp finds EOT).
+    let stops: Vec<u32> = fam
+        .stop_tokens
+        .iter()
+        .filter_map(|s| tokens.iter().position(|t| t == s))
+        .map(|i| i as u32)
+        .collect();
     let token_types: Vec<i32> = match f
         .get("tokenizer.ggml.token_type")
         .and_then(MetaValue::as_array)
@@ -336,7 +347,7 @@ fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
     };
     let default_add_bos = matches!(source, TokenizerSource::GgufSpm { .. });
     let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
-    if let Some(eot) = id("tokenizer.ggml.eot_token_id") {
+    for eot in id("tokenizer.ggml.eot_token_id").into_iter().chain(stops) {
         if !eos_ids.contains(&eot) {
             eos_ids.push(eot);
         }
@@ -352,6 +363,7 @@ fn gguf_tokenizer(f: &GgufFile) -> Result<TokenizerSpec> {
         chat_template: f
             .get("tokenizer.chat_template")
             .and_then(MetaValue::as_str)
+            .or(fam.chat_template)
             .map(str::to_string),
     })
 }

@@ -81,21 +81,28 @@ impl KvRows<'_> {
 }
 
 /// A tile of query rows of one sequence sharing one KV head: `rows = limits.len()` rows of
-/// `head_dim` values each in `q` (row-major), row `r` attending keys `0..limits[r]`.
+/// `head_dim` values each in `q` (row-major), row `r` attending keys
+/// `starts[r]..limits[r]`.
 #[derive(Debug, Clone, Copy)]
 pub struct Tile<'a> {
     pub head_dim: usize,
     /// Multiplies each score (`1/√head_dim` for standard attention).
     pub scale: f32,
+    /// Scores become `c · tanh(score / c)` after the scale (Gemma 2's soft-cap).
+    pub softcap: Option<f32>,
     pub q: &'a [f32],
     /// Keys each row attends (at least 1 each).
     pub limits: &'a [usize],
+    /// The first key each row attends (a sliding window); empty: key 0 for every row.
+    /// Keys below a row's start are masked exactly as if absent (their probability is 0).
+    pub starts: &'a [usize],
     pub k: KvRows<'a>,
     pub v: KvRows<'a>,
     /// Element offset of key position `first_key + i`'s row (this head's `head_dim` values)
-    /// in `k` and `v` at `offs[i]`, for every key the call walks: `0..` the largest limit
-    /// for [`attend`] (`first_key = 0`), segment `seg`'s keys for [`attend_segment`] (then
-    /// `first_key` may be the segment's first key, so a caller lists only those).
+    /// in `k` and `v` at `offs[i]`, for every key the call walks: from [`Tile::first_walked`]
+    /// (0 without a window) to the largest limit for [`attend`], segment `seg`'s keys from
+    /// there for [`attend_segment`] (then `first_key` may be that first key, so a caller
+    /// lists only those).
     pub offs: &'a [usize],
     pub first_key: usize,
 }
@@ -134,6 +141,12 @@ impl Tile<'_> {
             self.limits.iter().all(|&n| n > 0),
             "attention: a row attends no key"
         );
+        assert!(
+            self.starts.is_empty()
+                || (self.starts.len() == rows
+                    && self.starts.iter().zip(self.limits).all(|(s, n)| s < n)),
+            "attention: a row's window starts at or past its limit"
+        );
         if keys.is_empty() {
             return;
         }
@@ -160,9 +173,22 @@ impl Tile<'_> {
         self.limits.iter().copied().max().unwrap_or(0)
     }
 
-    /// Keys of segment `seg` below the largest limit.
+    /// The first key any row attends, rounded down to its key block: the first key a call
+    /// walks (its offsets must be listed from there).
+    pub fn first_walked(&self) -> usize {
+        self.starts.iter().copied().min().unwrap_or(0) / KEY_BLOCK * KEY_BLOCK
+    }
+
+    /// Row `r`'s first key.
+    fn start(&self, r: usize) -> usize {
+        self.starts.get(r).copied().unwrap_or(0)
+    }
+
+    /// Keys of segment `seg` the call walks: below the largest limit, from
+    /// [`Tile::first_walked`].
     fn segment_keys(&self, seg: usize) -> Range<usize> {
-        segment_keys(seg, self.max_keys())
+        let k = segment_keys(seg, self.max_keys());
+        k.start.max(self.first_walked()).min(k.end)..k.end
     }
 }
 
@@ -190,7 +216,7 @@ fn assert_supported(isa: Isa) {
 /// [`attend`] on a given ISA (tests compare the two paths); panics if the CPU lacks it.
 pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScratch) {
     assert_supported(isa);
-    tile.check(0..tile.max_keys());
+    tile.check(tile.first_walked()..tile.max_keys());
     let (rows, hd) = (tile.limits.len(), tile.head_dim);
     assert_eq!(
         out.len(),
@@ -203,7 +229,7 @@ pub fn attend_on(isa: Isa, tile: &Tile, out: &mut [f32], scratch: &mut AttnScrat
     let mut part = std::mem::take(&mut scratch.part);
     empty_partial(&mut total, rows * pl, hd);
     part.resize(rows * pl, 0.0);
-    for seg in 0..max_n.div_ceil(SEGMENT) {
+    for seg in tile.first_walked() / SEGMENT..max_n.div_ceil(SEGMENT) {
         run_segment(isa, tile, seg, &mut part, scratch);
         merge_partial(hd, &mut total, &part);
     }
@@ -318,8 +344,12 @@ fn run_segment(isa: Isa, tile: &Tile, seg: usize, part: &mut [f32], scratch: &mu
         let next = (b0 + KEY_BLOCK).min(end)..(b0 + 2 * KEY_BLOCK).min(end);
         prefetch_rows(tile.k, tile.offs_of(next.clone()), hd);
         prefetch_rows(tile.v, tile.offs_of(next), hd);
-        for (c, &n) in valid.iter_mut().zip(tile.limits) {
+        for (r, (c, &n)) in valid.iter_mut().zip(tile.limits).enumerate() {
             *c = n.saturating_sub(b0).min(bn);
+            // A row whose window starts past this block has nothing in it.
+            if tile.start(r) >= b0 + bn {
+                *c = 0;
+            }
         }
         // This block's K and V rows: in place for f32, converted into the scratch for f16.
         let (kbuf, vbuf, offs): (&[f32], &[f32], &[usize]) = match (tile.k, tile.v) {
@@ -340,8 +370,16 @@ fn run_segment(isa: Isa, tile: &Tile, seg: usize, part: &mut [f32], scratch: &mu
             if c == 0 {
                 continue;
             }
-            let (m_new, sum) =
-                softmax_step(isa, &mut scores[r * KEY_BLOCK..r * KEY_BLOCK + c], m[r]);
+            let row = &mut scores[r * KEY_BLOCK..r * KEY_BLOCK + c];
+            if let Some(cap) = tile.softcap {
+                row.iter_mut().for_each(|s| *s = (*s / cap).tanh() * cap);
+            }
+            // Keys below the window: out of the max, then probability 0 (the key at the
+            // start is in this block, so the max is finite).
+            let masked = tile.start(r).saturating_sub(b0).min(c);
+            row[..masked].fill(f32::NEG_INFINITY);
+            let (m_new, sum) = softmax_step(isa, row, m[r]);
+            row[..masked].fill(0.0);
             alpha[r] = if m[r] == f32::NEG_INFINITY {
                 0.0
             } else {
@@ -376,19 +414,29 @@ pub fn attend_reference(tile: &Tile) -> Vec<f64> {
     let mut out = Vec::with_capacity(tile.limits.len() * hd);
     for (r, &n) in tile.limits.iter().enumerate() {
         let q = &tile.q[r * hd..(r + 1) * hd];
-        let s: Vec<f64> = (0..n)
+        let keys = tile.start(r)..n;
+        let s: Vec<f64> = keys
+            .clone()
             .map(|p| {
                 let dot: f64 = (0..hd)
                     .map(|d| q[d] as f64 * val(tile.k, tile.offs[p] + d))
                     .sum();
-                dot * tile.scale as f64
+                let s = dot * tile.scale as f64;
+                match tile.softcap {
+                    Some(c) => (s / c as f64).tanh() * c as f64,
+                    None => s,
+                }
             })
             .collect();
         let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = e.iter().sum();
         for d in 0..hd {
-            let num: f64 = (0..n).map(|p| e[p] * val(tile.v, tile.offs[p] + d)).sum();
+            let num: f64 = keys
+                .clone()
+                .zip(&e)
+                .map(|(p, e)| e * val(tile.v, tile.offs[p] + d))
+                .sum();
             out.push(num / z);
         }
     }

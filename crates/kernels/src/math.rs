@@ -58,6 +58,32 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// √(2/π) and the cubic coefficient of GELU's tanh approximation.
+const GELU_K0: f32 = 0.797_884_6;
+const GELU_K1: f32 = 0.044_715;
+
+/// `gelu_tanh(x) = x/2 · (1 + tanh(√(2/π)(x + 0.044715x³)))`, computed as the equal
+/// `x / (1 + exp(-2u))` with `u = √(2/π)(x + 0.044715x³)` (no cancellation near 0).
+#[inline]
+fn gelu_tanh_scalar(x: f32) -> f32 {
+    let u = GELU_K0 * (x + GELU_K1 * x * x * x);
+    x / (1.0 + exp_scalar(-2.0 * u))
+}
+
+/// `out[i] = gelu_tanh(gate[i]) * up[i]` (GeGLU with tanh GELU, as Gemma's MLP).
+pub fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(gate.len() == up.len() && up.len() == out.len());
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() == Isa::Avx2Fma {
+        // SAFETY: AVX2+FMA present (Isa); all three slices have the same length.
+        unsafe { avx2::gelu_tanh_mul(gate, up, out) };
+        return;
+    }
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = gelu_tanh_scalar(g) * u;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     //! Invariants: callers checked AVX2+FMA; loads and stores are unaligned and stay within
@@ -121,6 +147,29 @@ pub(crate) mod avx2 {
             out[i] = gate[i] / (1.0 + exp_scalar(-gate[i])) * up[i];
         }
     }
+
+    /// [`super::gelu_tanh_mul`]: the scalar twin's operations, eight lanes at a time (the
+    /// multiply-adds fused, so values may differ from the tail's by an ulp).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        let n8 = gate.len() / 8 * 8;
+        let one = _mm256_set1_ps(1.0);
+        let k0 = _mm256_set1_ps(-2.0 * GELU_K0);
+        let k1 = _mm256_set1_ps(GELU_K1);
+        for i in (0..n8).step_by(8) {
+            let x = _mm256_loadu_ps(gate.as_ptr().add(i));
+            let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            let t = _mm256_mul_ps(k0, _mm256_fmadd_ps(k1, x3, x));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, exp8(t)));
+            _mm256_storeu_ps(
+                out.as_mut_ptr().add(i),
+                _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))),
+            );
+        }
+        for i in n8..gate.len() {
+            out[i] = gelu_tanh_scalar(gate[i]) * up[i];
+        }
+    }
 }
 
 #[cfg(test)]
@@ -138,6 +187,19 @@ mod tests {
                 prop_assert!(((*y as f64) - want).abs() <= want * 4e-7, "exp({x}) = {y}, want {want}");
                 let s = exp_scalar(*x) as f64;
                 prop_assert!((s - want).abs() <= want * 4e-7);
+            }
+        }
+
+        #[test]
+        fn gelu_tanh_mul_matches_definition(g in proptest::collection::vec(-30f32..30.0, 1..37)) {
+            let up: Vec<f32> = g.iter().map(|v| v * 0.5 + 1.0).collect();
+            let mut out = vec![0f32; g.len()];
+            gelu_tanh_mul(&g, &up, &mut out);
+            for i in 0..g.len() {
+                let x = g[i] as f64;
+                let gelu = 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh());
+                let want = gelu * up[i] as f64;
+                prop_assert!((out[i] as f64 - want).abs() <= 2e-6 * (1.0 + want.abs()), "{} {} {}", x, out[i], want);
             }
         }
 

@@ -10,6 +10,15 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// [`rms_norm`] in place: the same arithmetic, `x` overwritten.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = *v * scale * w;
+    }
+}
+
 /// `gate = silu(gate) * up`, in place.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
@@ -21,6 +30,16 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 /// `out = silu(gate) * up`.
 pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
     crate::math::silu_mul(gate, up, out)
+}
+
+/// `out = gelu_tanh(gate) * up` (GeGLU).
+pub fn geglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    crate::math::gelu_tanh_mul(gate, up, out)
+}
+
+/// `x = c · tanh(x / c)` (soft-capping, Gemma 2's logits).
+pub fn softcap(x: &mut [f32], c: f32) {
+    x.iter_mut().for_each(|v| *v = (*v / c).tanh() * c);
 }
 
 /// Softmax in place; returns nothing, handles `-inf` entries.

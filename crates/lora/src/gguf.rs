@@ -32,9 +32,10 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
         ));
     }
     let arch = meta("general.architecture").unwrap_or("");
+    // Llama and Mistral files name each other's architecture.
     let fits = match base.arch {
-        Arch::Llama => matches!(arch, "llama" | "mistral"),
-        Arch::Qwen2 => arch == "qwen2",
+        Arch::Llama | Arch::Mistral => matches!(arch, "llama" | "mistral"),
+        a => tessera_formats::family::of(a).gguf_archs.contains(&arch),
     };
     if !fits {
         return Err(bad(

@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use tessera_kernels::attn::{
     attend, attend_segment, empty_partial, finish_partial, merge_partial, partial_len,
-    segment_keys, AttnScratch, Tile,
+    segment_keys, AttnScratch, Tile, KEY_BLOCK,
 };
 use tessera_runtime::{split_range, DisjointMut, ThreadPool};
 
@@ -31,12 +31,13 @@ mod plan;
 pub use plan::TILE_TOKENS;
 use plan::{assign, Item};
 
-/// An item's query rows (its tokens × the group's heads, token-major), their key limits,
-/// and the offsets of the keys it walks (from key `first_key`).
+/// An item's query rows (its tokens × the group's heads, token-major), their key limits
+/// and window starts, and the offsets of the keys it walks (from key `first_key`).
 #[derive(Default)]
 struct Gathered {
     q: Vec<f32>,
     limits: Vec<usize>,
+    starts: Vec<usize>,
     offs: Vec<usize>,
     first_key: usize,
 }
@@ -59,10 +60,17 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Multiplies the scores (1/√head_dim, or the family's query scale).
+    pub scale: f32,
+    /// Gemma 2's score soft-cap.
+    pub softcap: Option<f32>,
+    /// A local layer's window: position `p` attends keys `p - w + 1 ..= p`.
+    pub window: Option<usize>,
 }
 
-/// `out[t, h·d..] = softmax(q_t,h · K_{0..=pos}ᵀ / √d) · V_{0..=pos}` for every row `t` of
-/// `rows` (a sub-batch of the prepared step; `t` counted from `rows.start`). `q`: the rows'
+/// `out[t, h·d..] = softmax(scale · q_t,h · K_{s..=pos}ᵀ) · V_{s..=pos}` for every row `t` of
+/// `rows` (a sub-batch of the prepared step; `t` counted from `rows.start`), with `s = 0`,
+/// or `pos + 1 - w` in a window of `w` keys. `q`: the rows'
 /// query rows `q_stride` apart, each starting with `n_heads · head_dim` rotated values; the
 /// K/V of every position attended to already stored (earlier steps, earlier sub-batches, and
 /// these rows).
@@ -82,9 +90,9 @@ pub fn attention(
     let group = nh / nkv;
     let q_dim = nh * hd;
     let base = rows.start;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let (scale, window) = (shape.scale, shape.window);
     let (kbuf, vbuf) = kv.layer(layer);
-    let work = assign(batch, rows, nkv, group, hd, pool.units());
+    let work = assign(batch, rows, nkv, group, hd, window, pool.units());
     let mut partials = vec![0f32; work.partial_floats];
     let part_ptr = DisjointMut::new(&mut partials);
     let out_ptr = DisjointMut::new(out);
@@ -105,12 +113,14 @@ pub fn attention(
             let l = &mut *local.borrow_mut();
             for it in &work.per_unit[unit] {
                 let seg = it.part.map(|(_, s)| s);
-                gather(&mut l.g, batch, it, seg, kv, q, q_stride, base, group, hd);
+                gather(&mut l.g, batch, it, seg, kv, q, q_stride, base, group, hd, window);
                 let tile = Tile {
                     head_dim: hd,
                     scale,
+                    softcap: shape.softcap,
                     q: &l.g.q,
                     limits: &l.g.limits,
+                    starts: &l.g.starts,
                     k: kbuf,
                     v: vbuf,
                     offs: &l.g.offs,
@@ -127,7 +137,7 @@ pub fn attention(
                         let n = sp.rows.len() * group * pl;
                         // SAFETY: segment `s` of split `split` owns these partials alone
                         // (`assign` lays the splits' segments out one after another).
-                        let part = unsafe { part_ptr.slice(sp.offset + s * n, n) };
+                        let part = unsafe { part_ptr.slice(sp.offset + (s - sp.first) * n, n) };
                         attend_segment(&tile, s, part, &mut l.attn);
                     }
                 }
@@ -155,8 +165,9 @@ pub fn attention(
     });
 }
 
-/// Fills `g` with item `it`'s query rows, their key limits and the offsets of the keys it
-/// walks (segment `seg`'s only, when given: the kernel reads no other).
+/// Fills `g` with item `it`'s query rows, their key limits and window starts, and the
+/// offsets of the keys it walks (segment `seg`'s only, when given: the kernel reads no
+/// other; from the first key block a window reaches, otherwise).
 #[allow(clippy::too_many_arguments)]
 fn gather(
     g: &mut Gathered,
@@ -169,20 +180,29 @@ fn gather(
     base: usize,
     group: usize,
     hd: usize,
+    window: Option<usize>,
 ) {
     let table = batch.table(batch.row_seq[it.rows.start] as usize);
     g.q.clear();
     g.limits.clear();
+    g.starts.clear();
     for row in it.rows.clone() {
         let h0 = (row - base) * q_stride + it.kvh * group * hd;
         g.q.extend_from_slice(&q[h0..h0 + group * hd]);
         let n = batch.positions[row] + 1;
         g.limits.extend(std::iter::repeat_n(n, group));
+        if let Some(w) = window {
+            g.starts.extend(std::iter::repeat_n(n.saturating_sub(w), group));
+        }
     }
     let n = g.limits.iter().copied().max().unwrap_or(0);
+    let first = g.starts.iter().copied().min().unwrap_or(0) / KEY_BLOCK * KEY_BLOCK;
     let keys = match seg {
-        None => 0..n,
-        Some(s) => segment_keys(s, n),
+        None => first..n,
+        Some(s) => {
+            let k = segment_keys(s, n);
+            k.start.max(first).min(k.end)..k.end
+        }
     };
     g.first_key = keys.start;
     g.offs.clear();

@@ -1,7 +1,9 @@
-//! The Llama-family decoder: pre-norm blocks of grouped-query attention with RoPE and a
-//! SwiGLU MLP, RMSNorm, optional q/k/v biases (Qwen2), tied or separate output embedding.
-//! Activations are f32. This module builds the model from its files; the forward, as layer
-//! stages over a prepared batch, is in [`crate::stages`].
+//! The decoder every family runs: pre-norm blocks of grouped-query attention with RoPE and
+//! a gated MLP, RMSNorm, tied or separate output embedding; and where the config's
+//! [`tessera_formats::BlockSpec`] says so, q/k/v biases (Qwen2), per-head q/k norms (Qwen3,
+//! Gemma 3), post-norms and GeGLU (Gemma), sliding-window layers with their own RoPE, and
+//! soft-capping (Gemma 2). Activations are f32. This module builds the model from its
+//! files; the forward, as layer stages over a prepared batch, is in [`crate::stages`].
 
 use tessera_core::{Error, Result, WeightTensor};
 use tessera_formats::{ModelConfig, ModelFiles};
@@ -17,6 +19,10 @@ use crate::rope::Rope;
 pub(crate) struct Layer {
     pub(crate) attn_norm: Vec<f32>,
     pub(crate) ffn_norm: Vec<f32>,
+    /// Per-head RMSNorm weights of q and k (one head wide), where the family has them.
+    pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// Norms of the attention and MLP outputs before the residual add (Gemma).
+    pub(crate) post_norms: Option<(Vec<f32>, Vec<f32>)>,
     /// q, k and v projections stacked: one product per layer instead of three.
     pub(crate) qkv: Box<dyn Linear>,
     pub(crate) o: Box<dyn Linear>,
@@ -32,6 +38,8 @@ pub struct LlamaModel {
     pub(crate) norm: Vec<f32>,
     pub(crate) output: Box<dyn Linear>,
     pub(crate) rope: Rope,
+    /// The windowed layers' RoPE, where it differs from the global layers' (Gemma 3).
+    pub(crate) local_rope: Option<Rope>,
     /// The vocabulary rows this model holds (all of them, or a tensor-parallel rank's share):
     /// its embedding rows and its output head's logits.
     pub vocab: std::ops::Range<usize>,
@@ -130,9 +138,25 @@ impl LlamaModel {
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let p = |s: &str| format!("blk.{i}.{s}");
+            let qk_norm = match c.block.qk_norm {
+                true => Some((
+                    vector(files, &p("attn_q_norm.weight"), c.head_dim)?,
+                    vector(files, &p("attn_k_norm.weight"), c.head_dim)?,
+                )),
+                false => None,
+            };
+            let post_norms = match c.block.post_norms {
+                true => Some((
+                    vector(files, &p("post_attention_norm.weight"), h)?,
+                    vector(files, &p("post_ffw_norm.weight"), h)?,
+                )),
+                false => None,
+            };
             layers.push(Layer {
                 attn_norm: vector(files, &p("attn_norm.weight"), h)?,
                 ffn_norm: vector(files, &p("ffn_norm.weight"), h)?,
+                qk_norm,
+                post_norms,
                 qkv: adapted(
                     files,
                     i,
@@ -153,6 +177,11 @@ impl LlamaModel {
             };
         Ok(LlamaModel {
             rope: Rope::new(&c),
+            local_rope: c
+                .block
+                .local_rope
+                .as_ref()
+                .map(|(theta, scaling)| Rope::with(&c, *theta, scaling)),
             norm: vector(files, "output_norm.weight", h)?,
             config: c,
             embed,

@@ -16,15 +16,37 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// The global layers' RoPE.
     pub fn new(cfg: &ModelConfig) -> Self {
+        Self::with(cfg, cfg.rope_theta, &cfg.rope_scaling)
+    }
+
+    /// RoPE of base `theta` and `scaling` over the config's rotated dimensions and style.
+    /// LongRoPE takes its long factors when the context (`max_position`) exceeds the
+    /// original one, as llama.cpp does.
+    pub fn with(cfg: &ModelConfig, theta: f32, scaling: &RopeScaling) -> Self {
         let d = cfg.rope_dim;
-        let base = cfg.rope_theta as f64;
+        let base = theta as f64;
         let mut inv_freq: Vec<f32> = (0..d / 2)
             .map(|i| (1.0 / base.powf((2 * i) as f64 / d as f64)) as f32)
             .collect();
         let mut mscale = 1.0f32;
-        match &cfg.rope_scaling {
+        match scaling {
             RopeScaling::None => {}
+            RopeScaling::LongRope {
+                short,
+                long,
+                original_max_position,
+                attn_factor,
+            } => {
+                let ext = if cfg.max_position > *original_max_position {
+                    long
+                } else {
+                    short
+                };
+                inv_freq.iter_mut().zip(ext).for_each(|(f, s)| *f /= s);
+                mscale = *attn_factor;
+            }
             RopeScaling::Linear { factor } => inv_freq.iter_mut().for_each(|f| *f /= factor),
             RopeScaling::FreqFactors(ff) => inv_freq.iter_mut().zip(ff).for_each(|(f, s)| *f /= s),
             RopeScaling::Llama3 {

@@ -269,6 +269,7 @@ mod tests {
             rope_scaling: tessera_formats::RopeScaling::None,
             max_position: 128,
             tie_embeddings: true,
+            block: Default::default(),
         }
     }
 

@@ -9,6 +9,7 @@
 //! are bitwise the same for every sub-batching.
 
 use tessera_core::{Error, Result};
+use tessera_formats::Activation;
 use tessera_kernels::ops;
 use tessera_runtime::{split_range, DisjointMut};
 
@@ -85,34 +86,43 @@ impl LlamaModel {
         }
         take(&mut ws.delta, m * h);
         let subs = ws.batch.sub_batches(split);
-        // The ticket of each sub-batch's reduction in flight.
-        let mut inflight: Vec<Option<u64>> = vec![None; subs.len()];
+        // The ticket of each sub-batch's reduction in flight, and the post-norm its sum
+        // takes before the residual add (Gemma's; after the sum, so a rank's partial output
+        // is never normalized alone).
+        let mut inflight: Vec<Option<(u64, Option<&[f32]>)>> = vec![None; subs.len()];
+        let eps = self.config.rms_eps;
         let land = |comm: &mut dyn StageReduce,
-                    t: Option<u64>,
+                    t: Option<(u64, Option<&[f32]>)>,
                     ws: &mut Workspace,
                     rows: std::ops::Range<usize>|
          -> Result<()> {
-            if let Some(t) = t {
+            if let Some((t, post)) = t {
                 comm.finish(t, &mut ws.delta[rows.clone()])?;
+                if let Some(w) = post {
+                    norm_rows_in_place(ctx, &mut ws.delta[rows.clone()], w, eps, h);
+                }
                 ops::add_assign(&mut ws.x[rows.clone()], &ws.delta[rows]);
             }
             Ok(())
         };
         for layer in 0..self.layers.len() {
+            let post = self.layers[layer].post_norms.as_ref();
             for (i, sb) in subs.iter().enumerate() {
                 let rows = sb.rows.start * h..sb.rows.end * h;
                 // The previous layer's MLP sum of this sub-batch.
                 land(comm, inflight[i].take(), ws, rows.clone())?;
                 let out = &mut ws.delta[rows.clone()];
                 self.attention_stage(layer, &ws.batch, sb, &ws.x, kv, &mut ws.scratch, ctx, out)?;
-                inflight[i] = Some(comm.start(&ws.delta[rows])?);
+                let t = comm.start(&ws.delta[rows])?;
+                inflight[i] = Some((t, post.map(|p| p.0.as_slice())));
             }
             for (i, sb) in subs.iter().enumerate() {
                 let rows = sb.rows.start * h..sb.rows.end * h;
                 land(comm, inflight[i].take(), ws, rows.clone())?;
                 let out = &mut ws.delta[rows.clone()];
                 self.mlp_stage(layer, sb, &ws.x, &mut ws.scratch, ctx, out)?;
-                inflight[i] = Some(comm.start(&ws.delta[rows])?);
+                let t = comm.start(&ws.delta[rows])?;
+                inflight[i] = Some((t, post.map(|p| p.1.as_slice())));
             }
         }
         for (i, sb) in subs.iter().enumerate() {
@@ -150,6 +160,7 @@ impl LlamaModel {
     pub fn embed_stage(&self, ctx: &ExecCtx, tokens: &[u32], x: &mut [f32]) {
         let vocab = self.vocab.clone();
         let h = self.config.hidden_size;
+        let scale = self.config.block.embed_scale;
         let (m, units) = (tokens.len(), ctx.pool.units());
         let xp = DisjointMut::new(x);
         // SAFETY: unit `u` writes only the rows of `split_range(m, units, u)`, disjoint from
@@ -160,6 +171,9 @@ impl LlamaModel {
                 let id = tokens[t] as usize;
                 if vocab.contains(&id) {
                     self.embed.dequantize_row(id - vocab.start, row);
+                    if scale != 1.0 {
+                        row.iter_mut().for_each(|v| *v *= scale);
+                    }
                 } else {
                     row.fill(0.0);
                 }
@@ -199,8 +213,14 @@ impl LlamaModel {
         );
         let qkv = take(&mut scratch.qkv, n * qkvd);
         l.qkv.forward(ctx, normed, n, &sb.segments, qkv)?;
-        // RoPE on each row's q and k parts.
+        // Per-head q/k norms (where the family has them), then RoPE, on each row's q and k.
         let positions = &batch.positions[sb.rows.clone()];
+        let window = c.window(layer);
+        let rope = match (window, &self.local_rope) {
+            (Some(_), Some(local)) => local,
+            _ => &self.rope,
+        };
+        let hd = c.head_dim;
         let qp = DisjointMut::new(qkv);
         ctx.pool.run(|u| {
             let mut cs = Vec::new();
@@ -208,8 +228,14 @@ impl LlamaModel {
                 // SAFETY: unit `u` touches only rows of its own range.
                 let row = unsafe { qp.slice(t * qkvd, qd + kvd) };
                 let (qr, kr) = row.split_at_mut(qd);
-                self.rope.apply(qr, c.head_dim, positions[t], &mut cs);
-                self.rope.apply(kr, c.head_dim, positions[t], &mut cs);
+                if let Some((qw, kw)) = &l.qk_norm {
+                    qr.chunks_exact_mut(hd)
+                        .for_each(|x| ops::rms_norm_in_place(x, qw, c.rms_eps));
+                    kr.chunks_exact_mut(hd)
+                        .for_each(|x| ops::rms_norm_in_place(x, kw, c.rms_eps));
+                }
+                rope.apply(qr, hd, positions[t], &mut cs);
+                rope.apply(kr, hd, positions[t], &mut cs);
             }
         });
         for (t, &off) in batch.kv_slots[sb.rows.clone()].iter().enumerate() {
@@ -220,6 +246,9 @@ impl LlamaModel {
             n_heads: c.n_heads,
             n_kv_heads: c.n_kv_heads,
             head_dim: c.head_dim,
+            scale: c.attn_scale(),
+            softcap: c.block.attn_softcap,
+            window,
         };
         let att = take(&mut scratch.att, n * qd);
         attention(
@@ -236,8 +265,9 @@ impl LlamaModel {
         l.o.forward(ctx, att, n, &sb.segments, out)
     }
 
-    /// Layer `layer`'s MLP on the rows of `sb`: norm, fused gate/up product, SwiGLU, down
-    /// product into `out`, before the residual add.
+    /// Layer `layer`'s MLP on the rows of `sb`: norm, fused gate/up product, SwiGLU or
+    /// GeGLU, down product into `out`, before the residual add (and its post-norm, which
+    /// the driver applies after the ranks' sum).
     pub fn mlp_stage(
         &self,
         layer: usize,
@@ -260,11 +290,15 @@ impl LlamaModel {
         let act = take(&mut scratch.act, n * ff);
         let ap = DisjointMut::new(act);
         let gur = &*gu;
+        let act_fn = match c.block.activation {
+            Activation::Silu => ops::swiglu_into,
+            Activation::GeluTanh => ops::geglu_into,
+        };
         ctx.pool.run(|u| {
             for t in split_range(n, units, u) {
                 let row = &gur[t * 2 * ff..(t + 1) * 2 * ff];
                 // SAFETY: unit `u` writes only rows of its own range.
-                ops::swiglu_into(&row[..ff], &row[ff..], unsafe { ap.slice(t * ff, ff) });
+                act_fn(&row[..ff], &row[ff..], unsafe { ap.slice(t * ff, ff) });
             }
         });
         l.down.forward(ctx, act, n, &sb.segments, out)
@@ -290,6 +324,9 @@ impl LlamaModel {
             adapter: None,
         }];
         self.output.forward(ctx, head_in, r, &base, logits)?;
+        if let Some(cap) = c.block.final_softcap {
+            ops::softcap(logits, cap);
+        }
         Ok(r)
     }
 
@@ -301,6 +338,19 @@ impl LlamaModel {
             rows: &ws.batch.logit_ids[..r],
         }
     }
+}
+
+/// RMSNorm of every `h`-wide row of `x`, in place, parallel over rows.
+fn norm_rows_in_place(ctx: &ExecCtx, x: &mut [f32], w: &[f32], eps: f32, h: usize) {
+    let m = x.len() / h;
+    let units = ctx.pool.units();
+    let xp = DisjointMut::new(x);
+    ctx.pool.run(|u| {
+        for t in split_range(m, units, u) {
+            // SAFETY: unit `u` touches only rows of its own range.
+            ops::rms_norm_in_place(unsafe { xp.slice(t * h, h) }, w, eps);
+        }
+    });
 }
 
 /// RMSNorm of every `h`-wide row of `x` into `out`, parallel over rows.

@@ -69,8 +69,10 @@ impl Case {
         Tile {
             head_dim: self.hd,
             scale: 1.0 / (self.hd as f32).sqrt(),
+            softcap: None,
             q: &self.q,
             limits: &self.limits,
+            starts: &[],
             k,
             v,
             offs: &self.offs,
@@ -83,6 +85,10 @@ impl Case {
     /// Rows `rows` of the tile as a tile of their own.
     fn sub<'a>(&self, t: &Tile<'a>, q: &'a [f32], limits: &'a [usize]) -> Tile<'a> {
         Tile { q, limits, ..*t }
+    }
+    /// Each row's window start for a window of `w` keys.
+    fn starts(&self, w: usize) -> Vec<usize> {
+        self.limits.iter().map(|&n| n.saturating_sub(w)).collect()
     }
 }
 
@@ -225,6 +231,41 @@ proptest! {
             let from_f16 = run(isa, &c.tile(KvRows::F16(&kh), KvRows::F16(&vh)));
             let rounded = run(isa, &c.tile(KvRows::F32(&kr), KvRows::F32(&vr)));
             prop_assert_eq!(from_f16, rounded);
+        }
+    }
+
+    /// Sliding windows (any width, straddling blocks and segments) and soft-capped scores
+    /// stay within rounding of the definition, and a row's output is bitwise the same alone
+    /// as in the tile, or with offsets listed only from the first key walked.
+    #[test]
+    fn windows_and_softcap(
+        hd in head_dim(),
+        group in 1usize..4,
+        tokens in 1usize..10,
+        start in prop_oneof![0usize..90, SEGMENT - 9..SEGMENT + 40, Just(2 * SEGMENT + 3)],
+        w in prop_oneof![Just(1usize), 1usize..20, Just(KEY_BLOCK), KEY_BLOCK - 3..KEY_BLOCK + 3, Just(SEGMENT + 1)],
+        cap in prop_oneof![Just(None), Just(Some(0.5f32)), Just(Some(50.0f32))],
+        q_scale in prop_oneof![Just(1.0f32), Just(20.0)],
+        seed in 0u64..1000,
+    ) {
+        let c = case(hd, group, tokens, start, 16, 2, 1, q_scale, seed);
+        let starts = c.starts(w);
+        let t = Tile { starts: &starts, softcap: cap, ..c.f32_tile() };
+        let want = attend_reference(&t);
+        let first = t.first_walked();
+        let listed = Tile { offs: &c.offs[first..], first_key: first, ..t };
+        for isa in isas() {
+            let all = run(isa, &t);
+            assert_close(&all, &want, 2e-5)?;
+            prop_assert_eq!(&run(isa, &listed), &all);
+            let r = seed as usize % c.limits.len();
+            let one = Tile {
+                q: &c.q[r * hd..(r + 1) * hd],
+                limits: &c.limits[r..r + 1],
+                starts: &starts[r..r + 1],
+                ..t
+            };
+            prop_assert_eq!(&run(isa, &one)[..], &all[r * hd..(r + 1) * hd], "row {}", r);
         }
     }
 

@@ -33,9 +33,11 @@ pub(crate) struct Item {
 pub(crate) struct Split {
     pub rows: Range<usize>,
     pub kvh: usize,
+    /// The first segment with keys a row attends (past 0 in a window).
+    pub first: usize,
     pub segments: usize,
-    /// Offset of segment 0's partials in the partial buffer; segment `s` follows at
-    /// `offset + s · query rows · partial_len`.
+    /// Offset of segment `first`'s partials in the partial buffer; segment `first + s`
+    /// follows at `offset + s · query rows · partial_len`.
     pub offset: usize,
 }
 
@@ -54,13 +56,15 @@ fn tile_tokens(rows: usize, kv_heads: usize, units: usize) -> usize {
 }
 
 /// The work of attention over `rows` with `kv_heads` KV heads of `group` query heads of
-/// `head_dim` each, on `units` units.
+/// `head_dim` each, each row attending its last `window` keys (all, if `None`), on `units`
+/// units.
 pub(crate) fn assign(
     batch: &PreparedBatch,
     rows: Range<usize>,
     kv_heads: usize,
     group: usize,
     head_dim: usize,
+    window: Option<usize>,
     units: usize,
 ) -> Work {
     let units = units.max(1);
@@ -77,7 +81,8 @@ pub(crate) fn assign(
         r = end;
     }
     let limits = |t: &Range<usize>| batch.positions[t.clone()].iter().map(|&p| p + 1);
-    let cost = |t: &Range<usize>| -> usize { limits(t).sum() };
+    let start = |n: usize| window.map_or(0, |w| n.saturating_sub(w));
+    let cost = |t: &Range<usize>| -> usize { limits(t).map(|n| n - start(n)).sum() };
     let total: usize = tiles.iter().map(cost).sum::<usize>() * kv_heads;
     // A tile worth more than half a unit's fair share is cut into segments.
     let big = total / (2 * units);
@@ -85,12 +90,15 @@ pub(crate) fn assign(
     for t in tiles {
         let c = cost(&t);
         let max_n = limits(&t).max().unwrap_or(0);
+        let first = limits(&t).map(start).min().unwrap_or(0) / SEGMENT;
         for kvh in 0..kv_heads {
-            if units > 1 && c > big && max_n > SEGMENT {
-                let segments = max_n.div_ceil(SEGMENT);
-                for s in 0..segments {
+            if units > 1 && c > big && max_n.div_ceil(SEGMENT) > first + 1 {
+                let segments = max_n.div_ceil(SEGMENT) - first;
+                for s in first..first + segments {
                     let (lo, hi) = (s * SEGMENT, (s + 1) * SEGMENT);
-                    let cost = limits(&t).map(|n| n.clamp(lo, hi) - lo).sum();
+                    let cost = limits(&t)
+                        .map(|n| n.clamp(lo, hi).saturating_sub(start(n).clamp(lo, hi)))
+                        .sum();
                     items.push(Item {
                         rows: t.clone(),
                         kvh,
@@ -101,6 +109,7 @@ pub(crate) fn assign(
                 splits.push(Split {
                     rows: t.clone(),
                     kvh,
+                    first,
                     segments,
                     offset: floats,
                 });

@@ -68,6 +68,9 @@ fn setup(
             n_heads: nkv * group,
             n_kv_heads: nkv,
             head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: None,
+            window: None,
         },
     }
 }
@@ -110,23 +113,30 @@ impl Setup {
         };
         let table = batch.table(batch.row_seq[row] as usize);
         let n = batch.positions[row] + 1;
+        let keys = self.shape.window.map_or(0, |w| n.saturating_sub(w))..n;
         let mut out = Vec::new();
         for h in 0..nh {
             let q = &self.q[row * self.q_stride + h * hd..][..hd];
             let off = |p: usize| self.kv.offset(table, p) + (h / group) * hd;
-            let s: Vec<f64> = (0..n)
+            let s: Vec<f64> = keys
+                .clone()
                 .map(|p| {
-                    (0..hd)
+                    let s = (0..hd)
                         .map(|d| q[d] as f64 * val(kb, off(p) + d))
                         .sum::<f64>()
-                        / (hd as f64).sqrt()
+                        * self.shape.scale as f64;
+                    match self.shape.softcap {
+                        Some(c) => (s / c as f64).tanh() * c as f64,
+                        None => s,
+                    }
                 })
                 .collect();
             let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let z: f64 = e.iter().sum();
             for d in 0..hd {
-                out.push((0..n).map(|p| e[p] * val(vb, off(p) + d)).sum::<f64>() / z);
+                let num: f64 = keys.clone().zip(&e).map(|(p, e)| e * val(vb, off(p) + d)).sum();
+                out.push(num / z);
             }
         }
         out
@@ -153,8 +163,9 @@ fn seqs() -> impl Strategy<Value = Vec<(usize, usize)>> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// Every row of a mixed batch matches the f64 definition, and is bitwise the same
-    /// computed alone as a decode step (its keys split in segments over the units when
+    /// Every row of a mixed batch matches the f64 definition (global, or in a sliding
+    /// window, scores soft-capped or not), and is bitwise the same computed alone as a
+    /// decode step (its keys split in segments over the units when
     /// they are many), on 1 or 3 units, and in either half of a cut of the rows.
     #[test]
     fn batch_matches_reference_and_each_row_alone(
@@ -164,11 +175,20 @@ proptest! {
         group in prop_oneof![Just(1usize), Just(3), 1usize..5],
         block in prop_oneof![Just(1usize), Just(16), 2usize..20],
         f16 in any::<bool>(),
+        window in prop_oneof![
+            3 => Just(None),
+            1 => Just(Some(1usize)),
+            1 => (2usize..40).prop_map(Some),
+            1 => Just(Some(SEGMENT + 5)),
+        ],
+        softcap in prop_oneof![3 => Just(None), 1 => Just(Some(0.7f32))],
         cut in 0usize..1000,
         seed in 0u64..1000,
     ) {
         let dtype = if f16 { KvDtype::F16 } else { KvDtype::F32 };
-        let s = setup(&seqs, hd, nkv, group, block, dtype, seed);
+        let mut s = setup(&seqs, hd, nkv, group, block, dtype, seed);
+        s.shape.window = window;
+        s.shape.softcap = softcap;
         let batch = s.prepared(s.chunks.clone());
         let m = batch.num_rows();
         let q_dim = nkv * group * hd;
@@ -211,7 +231,7 @@ fn work_is_balanced_by_keys() {
         1,
     );
     let batch = s.prepared(s.chunks.clone());
-    let work = assign(&batch, 0..batch.num_rows(), 3, 1, 2, 2).per_unit;
+    let work = assign(&batch, 0..batch.num_rows(), 3, 1, 2, None, 2).per_unit;
     let loads: Vec<usize> = work
         .iter()
         .map(|w| w.iter().map(|i| i.cost).sum())
@@ -242,7 +262,7 @@ fn a_long_decode_is_split_into_segments() {
     // items, 6 per unit, and 3 splits to merge; on 1 unit, 3 whole items.
     let s = setup(&[(1000, 1)], 4, 3, 2, 16, KvDtype::F32, 2);
     let batch = s.prepared(s.chunks.clone());
-    let work = assign(&batch, 0..1, 3, 2, 4, 2);
+    let work = assign(&batch, 0..1, 3, 2, 4, None, 2);
     assert_eq!(work.splits.len(), 3);
     assert!(work.splits.iter().all(|sp| sp.segments == 4));
     assert_eq!(work.partial_floats, 3 * 4 * 2 * partial_len(4));
@@ -250,11 +270,26 @@ fn a_long_decode_is_split_into_segments() {
         work.per_unit.iter().map(Vec::len).collect::<Vec<_>>(),
         [6, 6]
     );
-    let one = assign(&batch, 0..1, 3, 2, 4, 1);
+    let one = assign(&batch, 0..1, 3, 2, 4, None, 1);
     assert!(one.splits.is_empty());
     assert_eq!(one.per_unit[0].len(), 3);
     // And a prefill chunk is not split: its tiles are many.
     let s = setup(&[(1000, 64)], 4, 3, 2, 16, KvDtype::F32, 3);
     let batch = s.prepared(s.chunks.clone());
-    assert!(assign(&batch, 0..64, 3, 2, 4, 2).splits.is_empty());
+    assert!(assign(&batch, 0..64, 3, 2, 4, None, 2).splits.is_empty());
+}
+
+#[test]
+fn a_window_walks_only_its_segments() {
+    // A decode at position 1000 in a window of 300 keys attends keys 701..=1000: segments
+    // 2 and 3 only, costing 300 keys; without the window, 4 segments and 1001 keys.
+    let s = setup(&[(1000, 1)], 4, 1, 1, 16, KvDtype::F32, 4);
+    let batch = s.prepared(s.chunks.clone());
+    let work = assign(&batch, 0..1, 1, 1, 4, Some(300), 2);
+    assert_eq!(work.splits.len(), 1);
+    assert_eq!((work.splits[0].first, work.splits[0].segments), (2, 2));
+    let cost: usize = work.per_unit.iter().flatten().map(|i| i.cost).sum();
+    assert_eq!(cost, 300);
+    let full = assign(&batch, 0..1, 1, 1, 4, None, 2);
+    assert_eq!(full.splits[0].segments, 4);
 }

@@ -454,7 +454,36 @@ def llama_cpp_decode(lt, ids: list[int]) -> str:
     return buf.raw[:got].decode("utf-8", errors="replace")
 
 
-def golden(src: Source, path: Path, llama_lib: Path | None, spm_model: Path | None) -> dict:
+def fuzz_texts(n: int, seed: str) -> list[str]:
+    """`n` random strings of the kinds the cases hold: words, digits, runs of spaces, tabs
+    and newlines, CJK, emoji, combining marks, `▁`, special tokens, any code point."""
+    import random
+
+    rng = random.Random(seed)
+    pools = [
+        lambda: rng.choice(["the", "Hello", "world", "def", "return", "x", "ALL", "café",
+                            "naïve", "snake_case", "camelCase", "I'm", "don't", "http://a.b/c"]),
+        lambda: "".join(rng.choice("0123456789") for _ in range(rng.randint(1, 12))),
+        lambda: rng.choice(".,;:!?()[]{}<>/\\|@#$%^&*-+=_~`'\"") * rng.randint(1, 3),
+        lambda: " " * rng.randint(1, 40),
+        lambda: rng.choice(["\n", "\n\n", "\r\n", "\t", "\t\t", " \n", "\n  "]) * rng.randint(1, 4),
+        lambda: "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(rng.randint(1, 6))),
+        lambda: rng.choice(["😀", "👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "❤️", "🧿"]),
+        lambda: rng.choice(["e\u0301", "a\u0308", "\u0915\u094d\u0937", "\u05e9\u05dc", "\u0645\u0631"]),
+        lambda: "\u2581" * rng.randint(1, 3),
+        lambda: chr(rng.choice([rng.randint(0x20, 0x7E), rng.randint(0xA0, 0x2FFF),
+                                rng.randint(0x3000, 0xD7FF), rng.randint(0xE000, 0xFFFD),
+                                rng.randint(0x10000, 0x1FFFF)])),
+    ]
+    out = []
+    for _ in range(n):
+        parts = [rng.choice(pools)() for _ in range(rng.randint(1, 16))]
+        out.append("".join(p if rng.random() < 0.5 else " " + p for p in parts))
+    return out
+
+
+def golden(src: Source, path: Path, llama_lib: Path | None, spm_model: Path | None,
+           texts: list[str] | None = None) -> dict:
     from gguf import GGUFReader
     from transformers import AutoTokenizer
 
@@ -480,7 +509,11 @@ def golden(src: Source, path: Path, llama_lib: Path | None, spm_model: Path | No
         sp = spm.SentencePieceProcessor(model_file=str(spm_model))
     original = src.original(path) if src.original else None
     cases = []
-    texts = COMMON_CASES + SPECIALS[src.specials]
+    if texts is None:
+        texts = COMMON_CASES + SPECIALS[src.specials]
+    else:  # fuzzing: some with special tokens around them too
+        texts = texts + [s + t + s for t in texts[:len(texts) // 8]
+                         for s in SPECIALS[src.specials][:1]]
     n_diff = 0
     for text in texts:
         ids = hf(text, add_special_tokens=False).input_ids
@@ -531,6 +564,11 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated names")
     ap.add_argument("--llama-cpp-lib", help="folder of libllama.so, or 'none'")
     ap.add_argument("--mistral-common", help="mistral-common wheel (or unpacked folder)")
+    ap.add_argument("--fuzz", type=int, metavar="N",
+                    help="N random strings instead of the cases, written to --out (not the "
+                         "committed goldens; the Rust test reads them with "
+                         "TESSERA_TOKENIZER_GOLDENS=DIR)")
+    ap.add_argument("--out", type=Path, default=OUT_DIR, help="folder of the goldens")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     llama_lib = None
@@ -538,7 +576,6 @@ def main() -> int:
         llama_lib = Path(args.llama_cpp_lib) if args.llama_cpp_lib else find_llama_cpp_lib()
     if llama_lib is None:
         print("llama.cpp not found: its ids are not recorded", file=sys.stderr)
-    OUT_DIR.mkdir(parents=True, exist_ok=True)
     for src in SOURCES:
         if only and src.name not in only:
             continue
@@ -553,10 +590,12 @@ def main() -> int:
         if path is None or not path.exists():
             print(f"{src.name}: SKIPPED ({src.recorded} not found)", file=sys.stderr)
             continue
-        doc = golden(src, path, llama_lib, spm_model)
-        out = OUT_DIR / f"{src.name}.json"
+        texts = fuzz_texts(args.fuzz, src.name) if args.fuzz else None
+        doc = golden(src, path, llama_lib, spm_model, texts)
+        args.out.mkdir(parents=True, exist_ok=True)
+        out = args.out / f"{src.name}.json"
         out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
-        print(f"wrote {out.relative_to(REPO_ROOT)} ({out.stat().st_size // 1024} KB)")
+        print(f"wrote {out} ({out.stat().st_size // 1024} KB)")
     return 0
 
 

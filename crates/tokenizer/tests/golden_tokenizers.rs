@@ -188,7 +188,11 @@ fn ids(v: &Value) -> Vec<u32> {
 }
 
 fn check(name: &str) {
-    let gp = repo_root().join(format!("tests/golden/tokenizers/{name}.json"));
+    // Other case sets (make_tokenizer_golden.py --fuzz N --out DIR) are checked the same way.
+    let dir = std::env::var_os("TESSERA_TOKENIZER_GOLDENS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("tests/golden/tokenizers"));
+    let gp = dir.join(format!("{name}.json"));
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(&gp).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", gp.display()));
     let Some(path) = model_file(name, &golden) else {
@@ -224,6 +228,15 @@ fn check(name: &str) {
         tok.vocab_size()
     );
     assert_eq!(tok.vocab_size(), tok.inner().get_vocab_size(true));
+    // The tokenizer.json document of the same vocabulary (what `gguf::tokenizer_json`
+    // writes, e.g. for a Hugging Face folder) loads as the same tokenizer.
+    let doc = tessera_tokenizer::gguf::tokenizer_json(&spec.source).unwrap();
+    let via_json = Tokenizer::from_spec(&TokenizerSpec {
+        source: TokenizerSource::HfJson(doc.to_string()),
+        ..spec.clone()
+    })
+    .unwrap();
+    assert_eq!(via_json.vocab_size(), tok.vocab_size());
     let expect = golden["expect"].as_str().unwrap();
     let cases = golden["cases"].as_array().unwrap();
     let mut failures = vec![];
@@ -231,6 +244,12 @@ fn check(name: &str) {
         let text = c["text"].as_str().unwrap();
         let want = ids(&c[expect]);
         let got = tok.encode(text).unwrap();
+        let got_json = via_json.encode(text).unwrap();
+        if got_json != got {
+            failures.push(format!(
+                "{text:?}: tokenizer.json gives {got_json:?}, not {got:?}"
+            ));
+        }
         if got != want {
             let pieces = |v: &[u32]| -> Vec<String> {
                 v.iter()

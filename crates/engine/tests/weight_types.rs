@@ -30,13 +30,10 @@ use std::time::Duration;
 use serde_json::json;
 use tessera_core::tensor::{dequantize_row, quantize_row};
 use tessera_core::DType;
-use tessera_engine::{
-    Engine, GenerateRequest, KvDtype, RequestEvent, SamplingParams, StepEngine, KV_BLOCK_SIZE,
-};
+use tessera_engine::{Engine, KvDtype, KV_BLOCK_SIZE};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
-use tessera_scheduler::SchedulerConfig;
 
 mod common;
 
@@ -392,43 +389,6 @@ fn super_block_slices_off_block_boundaries_match_one_rank() {
 
 /// Greedy tokens of `prompts`, each run to its end before the next is submitted, through one
 /// step engine (prefix cache on or off); and the prompt tokens its cache served.
-fn one_after_another(
-    e: &Engine,
-    prompts: &[Vec<u32>],
-    prefix_caching: bool,
-) -> (Vec<Vec<u32>>, u64) {
-    let mut cfg = SchedulerConfig::new(32, KV_BLOCK_SIZE);
-    cfg.prefix_caching = prefix_caching;
-    cfg.max_model_len = DIMS.ctx;
-    cfg.max_prefill_chunk = 16;
-    let mut steps = StepEngine::new(e, cfg).unwrap();
-    let mut out = vec![];
-    for (id, p) in prompts.iter().enumerate() {
-        let req = GenerateRequest {
-            prompt_ids: p.clone(),
-            max_tokens: 8,
-            params: SamplingParams::greedy(),
-            ignore_eos: true,
-            ..Default::default()
-        };
-        steps.submit(id as u64, &req).unwrap();
-        let mut toks = vec![];
-        let mut done = false;
-        while !done {
-            for (_, ev) in steps.step().events {
-                match ev {
-                    RequestEvent::Text { tokens, .. } => toks.extend(tokens),
-                    RequestEvent::Finished { .. } => done = true,
-                    RequestEvent::Failed { message } => panic!("request {id}: {message}"),
-                }
-            }
-        }
-        assert_eq!(toks.len(), 8);
-        out.push(toks);
-    }
-    (out, steps.kv_metrics().prefix_hit_tokens)
-}
-
 /// A prompt sharing two full KV blocks with an earlier one reuses them from the prefix cache
 /// and gets the tokens it gets with the cache off.
 #[test]
@@ -442,12 +402,12 @@ fn every_format_serves_from_the_prefix_cache() {
         for precision in [Precision::Exact, Precision::Fast] {
             let e = load_as(&path, precision, 1);
             let prompts = [first.clone(), second.clone()];
-            let (cached, hits) = one_after_another(&e, &prompts, true);
+            let (cached, hits) = common::one_after_another(&e, &prompts, true, DIMS.ctx);
             assert!(
                 hits >= 2 * KV_BLOCK_SIZE as u64,
                 "{dtype} {precision}: {hits} prompt tokens from the cache"
             );
-            let (fresh, none) = one_after_another(&e, &prompts[1..], false);
+            let (fresh, none) = common::one_after_another(&e, &prompts[1..], false, DIMS.ctx);
             assert_eq!(none, 0);
             assert_eq!(
                 cached[1], fresh[0],

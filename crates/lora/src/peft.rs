@@ -92,12 +92,13 @@ impl PeftConfig {
                 Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
                 _ => return Err(bad(path, "target_modules must be a list of module names")),
             };
-            if let Some(n) = names.iter().find(|n| Target::from_hf(n).is_none()) {
+            if let Some(n) = names.iter().find(|n| targets_of(n).is_none()) {
                 return Err(bad(
                     path,
                     format!(
                         "target module {} is not a projection of this architecture \
-                         (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+                         (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; \
+                         Phi-3's fused qkv_proj, gate_up_proj)",
                         quote(n)
                     ),
                 ));
@@ -174,17 +175,31 @@ fn pattern<'a, T>(map: &'a BTreeMap<String, T>, full: &str) -> Option<&'a T> {
         .map(|(_, v)| v)
 }
 
-/// `(layer, target, is_b)` of a PEFT tensor name.
-fn parse_name(name: &str) -> Option<(usize, Target, bool, String)> {
+/// The projections a PEFT module adapts, in its output rows' order: one, or the parts of a
+/// fused module (Phi-3's `qkv_proj`, `gate_up_proj`), whose `B` rows are split among them
+/// (their `A` shared: `B·A` of the fused module is exactly the parts' deltas stacked).
+fn targets_of(short: &str) -> Option<Vec<Target>> {
+    match short {
+        "qkv_proj" => Some(vec![Target::Q, Target::K, Target::V]),
+        "gate_up_proj" => Some(vec![Target::Gate, Target::Up]),
+        s => Target::from_hf(s).map(|t| vec![t]),
+    }
+}
+
+/// `(layer, targets, is_b, module)` of a PEFT tensor name.
+fn parse_name(name: &str) -> Option<(usize, Vec<Target>, bool, String)> {
     let rest = name.strip_prefix("base_model.model.")?;
-    let rest = rest.strip_prefix("model.layers.")?;
+    // A multimodal base's text model (Gemma 3): `model.language_model.layers.`.
+    let rest = rest
+        .strip_prefix("model.layers.")
+        .or_else(|| rest.strip_prefix("model.language_model.layers."))?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let (module, tail) = rest.split_once(".lora_")?;
     let short = module
         .strip_prefix("self_attn.")
         .or_else(|| module.strip_prefix("mlp."))?;
-    let target = Target::from_hf(short)?;
+    let targets = targets_of(short)?;
     let is_b = match tail
         .trim_end_matches(".weight")
         .trim_end_matches(".default")
@@ -195,7 +210,7 @@ fn parse_name(name: &str) -> Option<(usize, Target, bool, String)> {
     };
     Some((
         layer,
-        target,
+        targets,
         is_b,
         format!("model.layers.{layer}.{module}"),
     ))
@@ -241,11 +256,11 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
     let bytes = std::fs::read(&st_path).map_err(|e| Error::io(&st_path, e))?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::malformed("safetensors", format!("{}: {e}", st_path.display())))?;
-    // (layer, target) -> (A, B, module name)
-    let mut pairs: HashMap<(usize, Target), [Option<Tensor>; 2]> = HashMap::new();
-    let mut names: HashMap<(usize, Target), String> = HashMap::new();
+    // (layer, module) -> the projections it adapts, and its (A, B).
+    type Pair = (Vec<Target>, [Option<Tensor>; 2]);
+    let mut pairs: HashMap<(usize, String), Pair> = HashMap::new();
     for (name, t) in st.tensors() {
-        let Some((layer, target, is_b, full)) = parse_name(&name) else {
+        let Some((layer, targets, is_b, full)) = parse_name(&name) else {
             return Err(bad(
                 dir,
                 format!(
@@ -255,22 +270,22 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
             ));
         };
         let values = to_f32(&t, &name, dir)?;
-        pairs.entry((layer, target)).or_default()[is_b as usize] =
-            Some((t.shape().to_vec(), values));
-        names.insert((layer, target), full);
+        let e = pairs.entry((layer, full)).or_insert_with(|| (targets, [None, None]));
+        e.1[is_b as usize] = Some((t.shape().to_vec(), values));
     }
     let permute = permutes_qk(base);
     let mut modules = Vec::with_capacity(pairs.len());
-    for ((layer, target), [a, b]) in pairs {
-        let full = &names[&(layer, target)];
+    for ((layer, full), (targets, [a, b])) in pairs {
         let (Some((sa, a)), Some((sb, b))) = (a, b) else {
             return Err(bad(
                 dir,
                 format!("{full} has only one of lora_A and lora_B"),
             ));
         };
-        let (inp, out) = target.shape(base);
-        let (rank, scale) = cfg.rank_and_scale(full);
+        let inp = targets[0].shape(base).0;
+        let outs: Vec<usize> = targets.iter().map(|t| t.shape(base).1).collect();
+        let out: usize = outs.iter().sum();
+        let (rank, scale) = cfg.rank_and_scale(&full);
         if sa != [rank, inp] || sb != [out, rank] {
             return Err(bad(
                 dir,
@@ -280,21 +295,26 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
                 ),
             ));
         }
-        let b = match (permute, target) {
-            (true, Target::Q) => permute_rows(&b, base.n_heads, rank),
-            (true, Target::K) => permute_rows(&b, base.n_kv_heads, rank),
-            _ => b,
-        };
-        modules.push((
-            layer,
-            target,
-            LoraModule {
-                rank,
-                scale,
-                a,
-                b_t: transpose(&b, out, rank),
-            },
-        ));
+        let mut row = 0;
+        for (&target, &o) in targets.iter().zip(&outs) {
+            let part = &b[row * rank..(row + o) * rank];
+            row += o;
+            let part = match (permute, target) {
+                (true, Target::Q) => permute_rows(part, base.n_heads, rank),
+                (true, Target::K) => permute_rows(part, base.n_kv_heads, rank),
+                _ => part.to_vec(),
+            };
+            modules.push((
+                layer,
+                target,
+                LoraModule {
+                    rank,
+                    scale,
+                    a: a.clone(),
+                    b_t: transpose(&part, o, rank),
+                },
+            ));
+        }
     }
     modules.sort_by_key(|m| (m.0, m.1));
     LoraAdapter::from_modules(dir, AdapterFormat::Peft, base, modules)
@@ -357,7 +377,17 @@ mod tests {
         assert_eq!(
             parse_name("base_model.model.model.layers.3.self_attn.k_proj.lora_B.weight")
                 .map(|x| (x.0, x.1, x.2)),
-            Some((3, Target::K, true))
+            Some((3, vec![Target::K], true))
+        );
+        assert_eq!(
+            parse_name("base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight")
+                .map(|x| (x.0, x.1, x.2)),
+            Some((0, vec![Target::Q, Target::K, Target::V], false))
+        );
+        assert_eq!(
+            parse_name("base_model.model.model.language_model.layers.2.mlp.gate_up_proj.lora_B.weight")
+                .map(|x| (x.1, x.3)),
+            Some((vec![Target::Gate, Target::Up], "model.layers.2.mlp.gate_up_proj".into()))
         );
         assert!(parse_name("base_model.model.model.embed_tokens.lora_embedding_A").is_none());
         assert!(parse_name("base_model.model.lm_head.lora_A.weight").is_none());

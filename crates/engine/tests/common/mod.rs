@@ -4,7 +4,11 @@
 
 pub mod tiny;
 
-use tessera_engine::{Engine, SplitBy, SubBatching, KV_BLOCK_SIZE};
+use tessera_engine::{
+    Engine, GenerateRequest, RequestEvent, SamplingParams, SplitBy, StepEngine, SubBatching,
+    KV_BLOCK_SIZE,
+};
+use tessera_scheduler::SchedulerConfig;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 
 /// Logits of two steps over `prompts`: first every prompt's prefill (the last prompt only up
@@ -79,3 +83,45 @@ pub fn assert_sub_batch_invariant(e: &mut Engine, prompts: &[Vec<u32>]) {
         }
     }
 }
+
+/// Greedy 8-token continuations of `prompts` served one after another by a step engine
+/// (prefills in chunks of 16), with the prefix cache on or off; and the prompt tokens the
+/// cache served.
+pub fn one_after_another(
+    e: &Engine,
+    prompts: &[Vec<u32>],
+    prefix_caching: bool,
+    max_model_len: usize,
+) -> (Vec<Vec<u32>>, u64) {
+    let mut cfg = SchedulerConfig::new(32, KV_BLOCK_SIZE);
+    cfg.prefix_caching = prefix_caching;
+    cfg.max_model_len = max_model_len;
+    cfg.max_prefill_chunk = 16;
+    let mut steps = StepEngine::new(e, cfg).unwrap();
+    let mut out = vec![];
+    for (id, p) in prompts.iter().enumerate() {
+        let req = GenerateRequest {
+            prompt_ids: p.clone(),
+            max_tokens: 8,
+            params: SamplingParams::greedy(),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        steps.submit(id as u64, &req).unwrap();
+        let mut toks = vec![];
+        let mut done = false;
+        while !done {
+            for (_, ev) in steps.step().events {
+                match ev {
+                    RequestEvent::Text { tokens, .. } => toks.extend(tokens),
+                    RequestEvent::Finished { .. } => done = true,
+                    RequestEvent::Failed { message } => panic!("request {id}: {message}"),
+                }
+            }
+        }
+        assert_eq!(toks.len(), 8);
+        out.push(toks);
+    }
+    (out, steps.kv_metrics().prefix_hit_tokens)
+}
+

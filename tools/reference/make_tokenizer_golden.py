@@ -420,14 +420,40 @@ SOURCES = [
                 "tokenizer.json rebuilt from the GGUF (make_golden.py build_original_tokenizer); "
                 "Tessera follows it here (see tests/golden/smollm2-135m-q4_1.json)."),
     Source("llama3-bpe", f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-bpe.gguf", "llama3"),
-    Source("llama2-spm", f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-spm.gguf", "llama2"),
-    Source("phi3", f"{LLAMA_CPP_MODELS}/ggml-vocab-phi-3.gguf", "phi3"),
+    Source("llama2-spm", f"{LLAMA_CPP_MODELS}/ggml-vocab-llama-spm.gguf", "llama2",
+           expect="ids_llama_cpp",
+           note="SentencePiece with a dummy prefix, as the model was trained (the sentencepiece "
+                "library) and as its Hugging Face tokenizer.json (legacy) and llama.cpp "
+                "tokenize: a '\u2581' starts the text and every piece after a special token, "
+                "and a leading space becomes '\u2581\u2581'. transformers' GGUF loader builds "
+                "a non-legacy tokenizer (one '\u2581' at the start only); Tessera follows the "
+                "model's own tokenizer."),
+    Source("phi3", f"{LLAMA_CPP_MODELS}/ggml-vocab-phi-3.gguf", "phi3",
+           expect="ids_llama_cpp",
+           note="Phi-3's chat markers (<|user|>, <|end|>, <|assistant|>, ...) swallow the "
+                "whitespace after them in Phi-3's own tokenizer.json (rstrip) and in llama.cpp; "
+                "transformers' GGUF loader keeps it. Tessera follows the model's tokenizer.json "
+                "and llama.cpp."),
     Source("mistral-v3", f"{GENERATED}/mistral-v3-vocab.gguf", "mistral",
            how="tools/reference/make_tokenizer_golden.py --only mistral-v3 --mistral-common "
                "WHEEL (pip download --no-deps mistral-common)",
-           make=make_mistral),
+           make=make_mistral,
+           expect="ids_llama_cpp",
+           note="SentencePiece with a dummy prefix, as the model was trained (the sentencepiece "
+                "library) and as its Hugging Face tokenizer.json (legacy) and llama.cpp "
+                "tokenize: a '\u2581' starts the text and every piece after a special token, "
+                "and a leading space becomes '\u2581\u2581'. transformers' GGUF loader builds "
+                "a non-legacy tokenizer (one '\u2581' at the start only); Tessera follows the "
+                "model's own tokenizer."),
     Source("tiny-spm", "tests/golden/tokenizers/tiny-spm.gguf", "tiny",
-           make=lambda a: make_tiny_spm(REPO_ROOT / "tests/golden/tokenizers/tiny-spm.gguf", True)),
+           make=lambda a: make_tiny_spm(REPO_ROOT / "tests/golden/tokenizers/tiny-spm.gguf", True),
+           expect="ids_llama_cpp",
+           note="SentencePiece with a dummy prefix, as the model was trained (the sentencepiece "
+                "library) and as its Hugging Face tokenizer.json (legacy) and llama.cpp "
+                "tokenize: a '\u2581' starts the text and every piece after a special token, "
+                "and a leading space becomes '\u2581\u2581'. transformers' GGUF loader builds "
+                "a non-legacy tokenizer (one '\u2581' at the start only); Tessera follows the "
+                "model's own tokenizer."),
     Source("tiny-spm-noprefix", "tests/golden/tokenizers/tiny-spm-noprefix.gguf", "tiny",
            expect="ids_llama_cpp",
            note="add_space_prefix = false on a llama-architecture SentencePiece vocabulary: "

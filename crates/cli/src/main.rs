@@ -229,6 +229,16 @@ fn adapter(args: &ModelArgs, engine: &Engine) -> Result<Option<std::sync::Arc<Lo
 }
 
 pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Engine> {
+    load_with_context(args, default_precision, None)
+}
+
+/// [`load`] with the context cut to `context` tokens (at most the model's), before the
+/// model is built: RoPE choices that depend on it (Phi-3's LongRoPE) follow.
+pub(crate) fn load_with_context(
+    args: &ModelArgs,
+    default_precision: Precision,
+    context: Option<usize>,
+) -> Result<Engine> {
     let precision = match args.precision.as_deref() {
         None => default_precision,
         Some(s) => Precision::parse(s)
@@ -259,14 +269,21 @@ pub(crate) fn load(args: &ModelArgs, default_precision: Precision) -> Result<Eng
     }
     eprintln!("{}", tessera_engine::kernel_variants_line());
     let planner = tessera_engine::tuning::load_planner();
-    let mut engine = Engine::load_parallel(
-        &path,
+    let t0 = std::time::Instant::now();
+    let mut files = tessera_formats::load_model(&path)
+        .with_context(|| format!("loading {}", path.display()))?;
+    if let Some(c) = context {
+        files.config.max_position = files.config.max_position.min(c.max(1));
+    }
+    let mut engine = Engine::from_files_parallel(
+        files,
         threads,
         precision,
         planner,
         args.tp,
         backend,
         std::time::Duration::from_secs_f64(args.tp_timeout),
+        t0,
     )
     .with_context(|| format!("loading {}", path.display()))?;
     engine.sub_batching = sub_batching;

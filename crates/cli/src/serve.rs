@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 
 use tessera_kernels::plan::Precision;
 
-use crate::{default_model_name, load, ModelArgs};
+use crate::{default_model_name, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -69,7 +69,9 @@ pub struct ServeArgs {
     /// long_prefill_token_threshold. 0: every prompt is chunked by time.
     #[arg(long)]
     pub long_prefill_tokens: Option<usize>,
-    /// Context length (default: the model's, at most 8192).
+    /// Context length (default: the model's, at most 8192). Also what RoPE choices that
+    /// depend on the context follow (Phi-3's LongRoPE takes its short factors when the
+    /// context fits the original one).
     #[arg(long)]
     pub max_model_len: Option<usize>,
     /// KV cache size in blocks of 16 positions (default: from --kv-memory-mb).
@@ -198,7 +200,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         "serial" => true,
         o => bail!("--lora-batching {o:?}: expected mixed or serial"),
     };
-    let engine = load(&model, Precision::Exact)?;
+    let engine = crate::load_with_context(&model, Precision::Exact, max_model_len)?;
     engine
         .tokenizer
         .set_allow_special_in_content(allow_special_tokens_in_chat);

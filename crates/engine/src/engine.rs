@@ -184,7 +184,9 @@ impl Engine {
     ) -> Result<Self> {
         let t0 = Instant::now();
         let files = tessera_formats::load_model(path)?;
-        Self::from_files_parallel(files, threads, precision, planner, tp, backend, tp_timeout, t0)
+        Self::from_files_parallel(
+            files, threads, precision, planner, tp, backend, tp_timeout, t0,
+        )
     }
 
     /// An engine on loaded files (whose config a caller may have adjusted, e.g. the
@@ -207,8 +209,10 @@ impl Engine {
         )
     }
 
+    /// [`Engine::load_parallel`] on loaded files (whose config a caller may have adjusted,
+    /// e.g. the context length); `t0`: when loading began, for [`Engine::load_secs`].
     #[allow(clippy::too_many_arguments)]
-    fn from_files_parallel(
+    pub fn from_files_parallel(
         files: ModelFiles,
         threads: usize,
         precision: Precision,

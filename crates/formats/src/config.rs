@@ -198,10 +198,7 @@ impl ModelConfig {
         let half = self.rope_dim / 2;
         let factors = |name: &str, f: &[f32]| -> Result<()> {
             if f.len() != half {
-                return bad(format!(
-                    "{name} has {} entries, expected {half}",
-                    f.len()
-                ));
+                return bad(format!("{name} has {} entries, expected {half}", f.len()));
             }
             if !f.iter().all(|x| x.is_finite() && *x > 0.0) {
                 return bad(format!("{name} holds a factor that is not positive"));

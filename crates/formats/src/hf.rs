@@ -37,7 +37,10 @@ pub fn canonical_name(hf: &str, modules: &[(&str, &str)]) -> Option<String> {
     let hf = hf
         .strip_prefix("language_model.")
         .map(str::to_string)
-        .or_else(|| hf.strip_prefix("model.language_model.").map(|r| format!("model.{r}")))
+        .or_else(|| {
+            hf.strip_prefix("model.language_model.")
+                .map(|r| format!("model.{r}"))
+        })
         .unwrap_or_else(|| hf.to_string());
     let direct = match hf.as_str() {
         "model.embed_tokens.weight" => Some("token_embd.weight"),
@@ -218,9 +221,7 @@ pub fn load_hf_folder(dir: &Path) -> Result<ModelFiles> {
     };
     let hidden_size = need(&m, "hidden_size")?;
     let n_heads = need(&m, "num_attention_heads")?;
-    let head_dim = m
-        .usize("head_dim")?
-        .unwrap_or(hidden_size / n_heads.max(1));
+    let head_dim = m.usize("head_dim")?.unwrap_or(hidden_size / n_heads.max(1));
     let (theta, rope_scaling) = m.rope("full_attention")?;
     let partial = match m.f32("partial_rotary_factor")? {
         Some(p) => Some(p),
@@ -333,7 +334,10 @@ mod tests {
             canonical_name("model.layers.0.mlp.down_proj.weight", &[]).unwrap(),
             "blk.0.ffn_down.weight"
         );
-        assert_eq!(canonical_name("lm_head.weight", &[]).unwrap(), "output.weight");
+        assert_eq!(
+            canonical_name("lm_head.weight", &[]).unwrap(),
+            "output.weight"
+        );
         assert_eq!(
             canonical_name("model.layers.0.self_attn.rotary_emb.inv_freq", &[]),
             None
@@ -348,8 +352,11 @@ mod tests {
             "blk.3.post_attention_norm.weight"
         );
         assert_eq!(
-            canonical_name("model.language_model.layers.0.pre_feedforward_layernorm.weight", gemma)
-                .unwrap(),
+            canonical_name(
+                "model.language_model.layers.0.pre_feedforward_layernorm.weight",
+                gemma
+            )
+            .unwrap(),
             "blk.0.ffn_norm.weight"
         );
         assert_eq!(

@@ -34,6 +34,9 @@ pub enum TokenizerSource {
         token_types: Vec<i32>,
         scores: Vec<f32>,
         add_space_prefix: bool,
+        /// `general.architecture`, which picks the family's pipeline (Gemma's, Phi-3's,
+        /// Llama's); `None`: guessed from the vocabulary.
+        arch: Option<String>,
     },
 }
 
@@ -336,6 +339,10 @@ fn gguf_tokenizer(f: &GgufFile, fam: &Family) -> Result<TokenizerSpec> {
                     .get("tokenizer.ggml.add_space_prefix")
                     .and_then(MetaValue::as_bool)
                     .unwrap_or(true),
+                arch: f
+                    .get("general.architecture")
+                    .and_then(MetaValue::as_str)
+                    .map(str::to_string),
             }
         }
         other => {

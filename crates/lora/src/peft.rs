@@ -270,7 +270,9 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
             ));
         };
         let values = to_f32(&t, &name, dir)?;
-        let e = pairs.entry((layer, full)).or_insert_with(|| (targets, [None, None]));
+        let e = pairs
+            .entry((layer, full))
+            .or_insert_with(|| (targets, [None, None]));
         e.1[is_b as usize] = Some((t.shape().to_vec(), values));
     }
     let permute = permutes_qk(base);
@@ -385,9 +387,14 @@ mod tests {
             Some((0, vec![Target::Q, Target::K, Target::V], false))
         );
         assert_eq!(
-            parse_name("base_model.model.model.language_model.layers.2.mlp.gate_up_proj.lora_B.weight")
-                .map(|x| (x.1, x.3)),
-            Some((vec![Target::Gate, Target::Up], "model.layers.2.mlp.gate_up_proj".into()))
+            parse_name(
+                "base_model.model.model.language_model.layers.2.mlp.gate_up_proj.lora_B.weight"
+            )
+            .map(|x| (x.1, x.3)),
+            Some((
+                vec![Target::Gate, Target::Up],
+                "model.layers.2.mlp.gate_up_proj".into()
+            ))
         );
         assert!(parse_name("base_model.model.model.embed_tokens.lora_embedding_A").is_none());
         assert!(parse_name("base_model.model.lm_head.lora_A.weight").is_none());

@@ -113,7 +113,9 @@ pub fn attention(
             let l = &mut *local.borrow_mut();
             for it in &work.per_unit[unit] {
                 let seg = it.part.map(|(_, s)| s);
-                gather(&mut l.g, batch, it, seg, kv, q, q_stride, base, group, hd, window);
+                gather(
+                    &mut l.g, batch, it, seg, kv, q, q_stride, base, group, hd, window,
+                );
                 let tile = Tile {
                     head_dim: hd,
                     scale,
@@ -192,7 +194,8 @@ fn gather(
         let n = batch.positions[row] + 1;
         g.limits.extend(std::iter::repeat_n(n, group));
         if let Some(w) = window {
-            g.starts.extend(std::iter::repeat_n(n.saturating_sub(w), group));
+            g.starts
+                .extend(std::iter::repeat_n(n.saturating_sub(w), group));
         }
     }
     let n = g.limits.iter().copied().max().unwrap_or(0);

@@ -30,6 +30,9 @@ pub trait StageReduce {
     fn finish(&mut self, t: u64, out: &mut [f32]) -> Result<()>;
 }
 
+/// A reduction in flight: its ticket and the post-norm weights its sum takes.
+type Inflight<'a> = (u64, Option<&'a [f32]>);
+
 /// One rank holding everything: there is nothing to sum, each stage's output is final.
 struct NoReduce;
 
@@ -89,10 +92,10 @@ impl LlamaModel {
         // The ticket of each sub-batch's reduction in flight, and the post-norm its sum
         // takes before the residual add (Gemma's; after the sum, so a rank's partial output
         // is never normalized alone).
-        let mut inflight: Vec<Option<(u64, Option<&[f32]>)>> = vec![None; subs.len()];
+        let mut inflight: Vec<Option<Inflight>> = vec![None; subs.len()];
         let eps = self.config.rms_eps;
         let land = |comm: &mut dyn StageReduce,
-                    t: Option<(u64, Option<&[f32]>)>,
+                    t: Option<Inflight>,
                     ws: &mut Workspace,
                     rows: std::ops::Range<usize>|
          -> Result<()> {

@@ -81,6 +81,20 @@ pub(crate) struct Parts {
     pub ignore_merges: bool,
     /// (id, text, special), matched verbatim in text before anything else.
     pub added: Vec<(u32, String, bool)>,
+    /// Special tokens swallow the whitespace after them (Phi-3's chat markers, as its
+    /// tokenizer.json and llama.cpp have it), but for [`NO_RSTRIP`].
+    pub rstrip_specials: bool,
+}
+
+/// The special tokens that keep the whitespace after them where the others strip it.
+const NO_RSTRIP: [&str; 3] = ["<unk>", "<s>", "<|endoftext|>"];
+
+impl Parts {
+    /// Whether added token `content` (special or not) strips the whitespace after it
+    /// (`</s>` too, whatever its type, as llama.cpp has it).
+    fn rstrip(&self, content: &str, special: bool) -> bool {
+        self.rstrip_specials && (special || content == "</s>") && !NO_RSTRIP.contains(&content)
+    }
 }
 
 impl Parts {
@@ -109,7 +123,8 @@ impl Parts {
             .iter()
             .map(|(id, content, special)| {
                 json!({"id": id, "content": content, "single_word": false, "lstrip": false,
-                       "rstrip": false, "normalized": false, "special": special})
+                       "rstrip": self.rstrip(content, *special), "normalized": false,
+                       "special": special})
             })
             .collect();
         let vocab: serde_json::Map<String, Value> = self
@@ -125,6 +140,15 @@ impl Parts {
     }
 
     fn build(self) -> Result<tokenizers::Tokenizer> {
+        let added: Vec<tokenizers::AddedToken> = self
+            .added
+            .iter()
+            .map(|(_, content, special)| {
+                tokenizers::AddedToken::from(content.clone(), *special)
+                    .normalized(false)
+                    .rstrip(self.rstrip(content, *special))
+            })
+            .collect();
         let empty = self.model_json(json!({}), json!([]));
         let mut tok: tokenizers::Tokenizer = self
             .shell(json!([]), empty)
@@ -141,13 +165,6 @@ impl Parts {
         }
         let bpe = bpe.build().map_err(|e| Error::Tokenizer(format!("{e}")))?;
         tok.with_model(bpe);
-        let added: Vec<tokenizers::AddedToken> = self
-            .added
-            .into_iter()
-            .map(|(_, content, special)| {
-                tokenizers::AddedToken::from(content, special).normalized(false)
-            })
-            .collect();
         tok.add_tokens(&added);
         Ok(tok)
     }
@@ -219,6 +236,7 @@ fn bpe_parts(tokens: &[String], types: &[i32], merges: &[String], pre: &str) -> 
         fuse_unk: false,
         byte_fallback: false,
         ignore_merges,
+        rstrip_specials: false,
         added,
     })
 }
@@ -246,12 +264,16 @@ fn parts(source: &TokenizerSource) -> Result<Parts> {
             token_types,
             scores,
             add_space_prefix,
+            arch,
         } => Ok(spm::parts(
             tokens,
             token_types,
             scores,
             *add_space_prefix,
-            spm::Flavor::guess(tokens),
+            match arch {
+                Some(a) => spm::Flavor::from_arch(a),
+                None => spm::Flavor::guess(tokens),
+            },
         )),
         TokenizerSource::HfJson(_) => unreachable!("not a GGUF vocabulary"),
     }
@@ -391,6 +413,7 @@ pub(crate) mod tests {
                 token_types: types,
                 scores,
                 add_space_prefix: true,
+                arch: None,
             },
             true,
         ))

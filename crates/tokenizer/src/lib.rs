@@ -106,6 +106,14 @@ impl Tokenizer {
         Ok(self.with_bos(enc))
     }
 
+    /// Ids of a rendered chat template: its special tokens are the template's own (as
+    /// transformers' `apply_chat_template`, no post-processor adding a second BOS); BOS is
+    /// prepended only when the model asks for it and the template did not write it.
+    fn encode_rendered(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(tok_err)?;
+        Ok(self.with_bos(enc))
+    }
+
     /// The ids of a post-processed encoding, BOS first when the model asks for it and the
     /// post-processor did not add it.
     fn with_bos(&self, enc: tokenizers::Encoding) -> Vec<u32> {
@@ -131,7 +139,7 @@ impl Tokenizer {
     ) -> Result<Vec<u32>> {
         let chat = self.chat.as_ref().map_err(|e| e.clone())?;
         if self.allow_special_in_content() {
-            return self.encode(&chat.render(messages, add_generation_prompt)?);
+            return self.encode_rendered(&chat.render(messages, add_generation_prompt)?);
         }
         let specials = self.specials.get_or_init(|| {
             chat_ids::Specials::new(
@@ -149,7 +157,7 @@ impl Tokenizer {
         )?;
         let text = chat.render(&safe, add_generation_prompt)?;
         if sentinels.is_empty() {
-            return self.encode(&text);
+            return self.encode_rendered(&text);
         }
         let plain = self.plain.get_or_init(|| {
             let mut p = self.inner.clone();
@@ -167,7 +175,7 @@ impl Tokenizer {
         let merged = tokenizers::Encoding::merge(parts, true);
         let enc = self
             .inner
-            .post_process(merged, None, true)
+            .post_process(merged, None, false)
             .map_err(tok_err)?;
         Ok(self.with_bos(enc))
     }

@@ -1,6 +1,7 @@
-//! SentencePiece-style GGUF vocabularies (`tokenizer.ggml.model = llama`) as transformers
-//! builds them from the same file (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`),
-//! the reference (checked by `tests/golden_tokenizers.rs`):
+//! SentencePiece-style GGUF vocabularies (`tokenizer.ggml.model = llama`), built the way
+//! transformers builds them from the same file (`AutoTokenizer.from_pretrained(dir,
+//! gguf_file=...)`) but for the pre-tokenization, which follows the models' own
+//! tokenizers (checked by `tests/golden_tokenizers.rs`):
 //!
 //! - The vocabulary maps each string to its *last* id (a Python dict built in id order).
 //! - Merges are rebuilt from the vocabulary as transformers' `generate_merges` does: every
@@ -8,14 +9,15 @@
 //!   score (higher first), then the left piece's length, then the right piece's (longer
 //!   first, in characters), then the token's place, then the pieces' ids.
 //! - Three pipelines, by family ([`Flavor`]):
-//!   - Llama (Llama 2, Mistral, and any SentencePiece file not below): `Metaspace`, `▁`
-//!     for spaces and one `▁` prepended to the text's first piece unless it starts with
-//!     one, none after a special token. sentencepiece and llama.cpp prepend it always
-//!     (`" Hello"` is `▁▁Hello` there, `▁Hello` here), and llama.cpp after every special
-//!     token too. With `add_space_prefix = false` nothing is prepended: transformers drops
-//!     that flag (and prepends), sentencepiece and llama.cpp honour it, and so does this.
-//!   - Phi-3: normalizers prepend `▁` to every piece between special tokens, then replace
-//!     spaces; so `"  hi"` gives `▁▁▁hi` (Metaspace: `▁▁hi`).
+//!   - Llama (Llama 2, Mistral, and any SentencePiece file not below) and Phi-3:
+//!     SentencePiece's dummy prefix as the models were trained (the sentencepiece library,
+//!     their legacy tokenizer.json, llama.cpp): normalizers prepend `▁` to every piece
+//!     between special tokens, then replace spaces, so `" Hello"` is `▁▁Hello` and a piece
+//!     after `[INST]` starts with `▁`. transformers' GGUF loader builds a non-legacy
+//!     pipeline instead (`▁Hello`, nothing after a special token); the goldens record both
+//!     and follow the models' own. With `add_space_prefix = false` nothing is prepended
+//!     (transformers drops that flag; sentencepiece and llama.cpp honour it, as this does).
+//!     Phi-3's special tokens also swallow the whitespace after them (rstrip).
 //!   - Gemma: no prefix; spaces become `▁`; the user-defined tokens of two or more spaces
 //!     (stored with real spaces) are spelled with `▁` so that merges reach them, and are
 //!     then ordinary tokens (llama.cpp matches them verbatim, longest first: 40 spaces are
@@ -129,7 +131,10 @@ pub(crate) fn parts(
             replace_spaces,
             json!({"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": false}),
         ),
-        Flavor::Phi3 => {
+        // SentencePiece's dummy prefix as the model was trained (the sentencepiece library,
+        // the legacy tokenizer.json of Llama 2, Mistral and Phi-3, llama.cpp): a '▁' starts
+        // the text and every piece after a special token; a leading space becomes '▁▁'.
+        Flavor::Phi3 | Flavor::Llama if add_space_prefix => {
             decoders.push(strip);
             (
                 json!({"type": "Sequence", "normalizers": [
@@ -137,16 +142,10 @@ pub(crate) fn parts(
                 Value::Null,
             )
         }
-        Flavor::Llama => {
-            let prepend = if add_space_prefix { "first" } else { "never" };
-            if add_space_prefix {
-                decoders.push(strip);
-            }
-            (
-                Value::Null,
-                json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": prepend, "split": false}),
-            )
-        }
+        Flavor::Phi3 | Flavor::Llama => (
+            Value::Null,
+            json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never", "split": false}),
+        ),
     };
     Parts {
         normalizer,
@@ -159,6 +158,7 @@ pub(crate) fn parts(
         byte_fallback: true,
         ignore_merges: false,
         added,
+        rstrip_specials: flavor == Flavor::Phi3,
     }
 }
 

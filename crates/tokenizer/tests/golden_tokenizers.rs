@@ -163,6 +163,10 @@ fn gguf_spec(f: &GgufFile) -> TokenizerSpec {
                 .get("tokenizer.ggml.add_space_prefix")
                 .and_then(MetaValue::as_bool)
                 .unwrap_or(true),
+            arch: f
+                .get("general.architecture")
+                .and_then(MetaValue::as_str)
+                .map(str::to_string),
         },
         other => panic!("tokenizer model {other:?}"),
     };

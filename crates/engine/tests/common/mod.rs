@@ -8,8 +8,8 @@ use tessera_engine::{
     Engine, GenerateRequest, RequestEvent, SamplingParams, SplitBy, StepEngine, SubBatching,
     KV_BLOCK_SIZE,
 };
-use tessera_scheduler::SchedulerConfig;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
+use tessera_scheduler::SchedulerConfig;
 
 /// Logits of two steps over `prompts`: first every prompt's prefill (the last prompt only up
 /// to its middle), then a mixed step of one decode token per other prompt and the rest of the
@@ -124,4 +124,3 @@ pub fn one_after_another(
     }
     (out, steps.kv_metrics().prefix_hit_tokens)
 }
-

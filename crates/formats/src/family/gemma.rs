@@ -68,7 +68,10 @@ fn gguf_attn_scale(c: &mut ModelConfig, layers_27b: usize) {
 
 fn window_gguf(m: &GgufMeta, c: &ModelConfig, period: usize) -> Result<Vec<Option<usize>>> {
     let w = m.usize("attention.sliding_window")?.ok_or_else(|| {
-        Error::Config(format!("GGUF metadata {}.attention.sliding_window: missing", m.arch))
+        Error::Config(format!(
+            "GGUF metadata {}.attention.sliding_window: missing",
+            m.arch
+        ))
     })?;
     Ok(pattern(c.n_layers, w, period))
 }
@@ -131,7 +134,10 @@ fn gemma3_hf(m: &HfMeta, c: &mut ModelConfig) -> Result<()> {
         let (t, s) = m.rope("sliding_attention")?;
         (t.unwrap_or(LOCAL_BASE), s)
     } else {
-        (m.f32("rope_local_base_freq")?.unwrap_or(LOCAL_BASE), RopeScaling::None)
+        (
+            m.f32("rope_local_base_freq")?.unwrap_or(LOCAL_BASE),
+            RopeScaling::None,
+        )
     };
     c.block.local_rope = Some(local);
     Ok(())

@@ -62,12 +62,18 @@ pub static FAMILIES: &[&Family] = &[
 
 /// The family of a GGUF `general.architecture`.
 pub fn by_gguf_arch(name: &str) -> Option<&'static Family> {
-    FAMILIES.iter().copied().find(|f| f.gguf_archs.contains(&name))
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.gguf_archs.contains(&name))
 }
 
 /// The family of a Hugging Face `model_type`.
 pub fn by_hf_type(name: &str) -> Option<&'static Family> {
-    FAMILIES.iter().copied().find(|f| f.hf_types.contains(&name))
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.hf_types.contains(&name))
 }
 
 /// The family of a loaded config.
@@ -133,9 +139,10 @@ impl HfMeta<'_> {
     pub fn usize(&self, k: &str) -> Result<Option<usize>> {
         match self.get(k) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
-                Error::Config(format!("config.json {k}: not an unsigned integer"))
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| Error::Config(format!("config.json {k}: not an unsigned integer"))),
         }
     }
     pub fn f32(&self, k: &str) -> Result<Option<f32>> {
@@ -157,15 +164,26 @@ impl HfMeta<'_> {
     pub fn rope(&self, layer_type: &str) -> Result<(Option<f32>, RopeScaling)> {
         if let Some(p) = self.get("rope_parameters") {
             let p = p.get(layer_type).unwrap_or(p);
-            let theta = p.get("rope_theta").and_then(Value::as_f64).map(|x| x as f32);
+            let theta = p
+                .get("rope_theta")
+                .and_then(Value::as_f64)
+                .map(|x| x as f32);
             return Ok((theta, rope_scaling(Some(p))?));
         }
-        Ok((self.f32("rope_theta")?, rope_scaling(self.get("rope_scaling"))?))
+        Ok((
+            self.f32("rope_theta")?,
+            rope_scaling(self.get("rope_scaling"))?,
+        ))
     }
 
     /// Per-layer windows from `layer_types` ("sliding_attention" layers get `window`), or
     /// from a pattern of `period` (every `period`-th layer global) when the list is absent.
-    pub fn windows(&self, n_layers: usize, window: usize, period: usize) -> Result<Vec<Option<usize>>> {
+    pub fn windows(
+        &self,
+        n_layers: usize,
+        window: usize,
+        period: usize,
+    ) -> Result<Vec<Option<usize>>> {
         match self.get("layer_types").and_then(Value::as_array) {
             Some(types) => {
                 if types.len() != n_layers {
@@ -213,7 +231,11 @@ pub fn rope_scaling(v: Option<&Value>) -> Result<RopeScaling> {
     let list = |k: &str| -> Result<Vec<f32>> {
         o.get(k)
             .and_then(Value::as_array)
-            .map(|a| a.iter().map(|x| x.as_f64().unwrap_or(f64::NAN) as f32).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|x| x.as_f64().unwrap_or(f64::NAN) as f32)
+                    .collect()
+            })
             .ok_or_else(|| Error::Config(format!("rope scaling longrope needs {k}")))
     };
     Ok(match kind {
@@ -266,7 +288,11 @@ pub fn split_fused(tensors: &mut HashMap<String, WeightTensor>, c: &ModelConfig)
         for suffix in ["weight", "bias"] {
             if let Some(t) = tensors.remove(&p(&format!("attn_qkv.{suffix}"))) {
                 let (q, kv) = (c.q_dim(), c.kv_dim());
-                let parts = [("attn_q", 0..q), ("attn_k", q..q + kv), ("attn_v", q + kv..q + 2 * kv)];
+                let parts = [
+                    ("attn_q", 0..q),
+                    ("attn_k", q..q + kv),
+                    ("attn_v", q + kv..q + 2 * kv),
+                ];
                 split_rows(tensors, &t, q + 2 * kv, &parts, &p, suffix)?;
             }
             let ff = c.intermediate_size;

@@ -19,7 +19,10 @@ pub static PHI3: Family = Family {
     gguf_rope: RopeStyle::Neox,
     gguf: phi3_gguf,
     hf: phi3_hf,
-    hf_modules: &[("self_attn.qkv_proj", "attn_qkv"), ("mlp.gate_up_proj", "ffn_gate_up")],
+    hf_modules: &[
+        ("self_attn.qkv_proj", "attn_qkv"),
+        ("mlp.gate_up_proj", "ffn_gate_up"),
+    ],
     hf_norm_shift: 0.0,
     chat_template: None,
     stop_tokens: &["<|end|>"],

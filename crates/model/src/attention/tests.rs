@@ -135,7 +135,11 @@ impl Setup {
             let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
             let z: f64 = e.iter().sum();
             for d in 0..hd {
-                let num: f64 = keys.clone().zip(&e).map(|(p, e)| e * val(vb, off(p) + d)).sum();
+                let num: f64 = keys
+                    .clone()
+                    .zip(&e)
+                    .map(|(p, e)| e * val(vb, off(p) + d))
+                    .sum();
                 out.push(num / z);
             }
         }

@@ -1116,8 +1116,7 @@ def family_golden(fam: Family) -> None:
     all_ids = []
     for name, add_special, msgs, ids, text in rendered:
         lids = lcpp.encode(text, add_special)
-        if lids != ids:
-            print(f"  NOTE [{name}] llama.cpp tokenizes differently: {lids} vs transformers {ids}")
+        assert lids == ids, f"{name}: llama.cpp ids {lids} vs transformers {ids}"
         logits = logits_of(ref, ids)
         assert logits.shape == (len(ids), vocab) and torch.isfinite(logits).all()
         top2 = torch.topk(logits, 2, dim=-1)

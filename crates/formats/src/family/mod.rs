@@ -13,7 +13,7 @@ use serde_json::Value;
 use tessera_core::untrusted::quote;
 use tessera_core::{Error, Result, WeightTensor};
 
-use crate::config::{Arch, BlockSpec, ModelConfig, RopeScaling, RopeStyle};
+use crate::config::{Arch, ModelConfig, RopeScaling, RopeStyle};
 use crate::gguf::{GgufFile, MetaValue};
 
 mod gemma;
@@ -358,20 +358,5 @@ pub fn shift_norms(tensors: &mut HashMap<String, WeightTensor>, shift: f32) {
     }
 }
 
-/// What the family's block needs beyond Llama's, checked after loading so a missing tensor
-/// is named at load, not at the first request.
-pub fn block_tensors(c: &ModelConfig) -> Vec<String> {
-    let b: &BlockSpec = &c.block;
-    let mut names = Vec::new();
-    for i in 0..c.n_layers {
-        if b.qk_norm {
-            names.push(format!("blk.{i}.attn_q_norm.weight"));
-            names.push(format!("blk.{i}.attn_k_norm.weight"));
-        }
-        if b.post_norms {
-            names.push(format!("blk.{i}.post_attention_norm.weight"));
-            names.push(format!("blk.{i}.post_ffw_norm.weight"));
-        }
-    }
-    names
-}
+#[cfg(test)]
+mod tests;

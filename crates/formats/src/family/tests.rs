@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::config::{Activation, RopeScaling};
+use crate::config::{Activation, BlockSpec, RopeScaling};
 
 /// A Llama-shaped config the families then adjust.
 fn base(n_layers: usize) -> ModelConfig {

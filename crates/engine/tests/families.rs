@@ -13,6 +13,10 @@
 //! when cached (`python3 tools/fetch_model.py gemma3-270m`; SKIPPED otherwise, unless
 //! `TESSERA_REQUIRE_REAL_MODELS=1`).
 //!
+//! Each family's PEFT adapter (`tests/models/lora-<family>/`, every projection under PEFT's
+//! names, Phi-3's fused `qkv_proj` and `gate_up_proj` included; `make_family_lora.py`) on
+//! both files against transformers + peft (`tests/golden/families/lora-<family>.json`).
+//!
 //! And what every family must keep: two tensor-parallel ranks give one rank's logits, an f16
 //! KV cache stays close to f32, a prompt served from the prefix cache gets the tokens it
 //! gets without, and rows are batch invariant.
@@ -20,6 +24,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
 use tessera_engine::generate::generate;
@@ -27,6 +32,7 @@ use tessera_engine::sampling::argmax;
 use tessera_engine::{store, Engine, GenerateRequest, SamplingParams};
 use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
+use tessera_lora::LoraAdapter;
 use tessera_tokenizer::ChatMessage;
 
 /// Top-20 logits of the f32-computed tiny models (`|d| <= tol · max(|want|, 1)`).
@@ -89,9 +95,10 @@ fn engine(mut files: ModelFiles, context: Option<usize>, precision: Precision) -
 #[derive(Clone, Copy)]
 struct Tol(f64);
 
-/// Which prompts a file is checked on.
+/// Which prompts a file is checked on, and whether their continuations too.
 struct Take<'a> {
     prompt: &'a dyn Fn(&Value) -> bool,
+    greedy: bool,
 }
 
 /// The golden with its prompts' expected outputs replaced by variant `name`'s.
@@ -131,7 +138,14 @@ fn encode_like(e: &Engine, text: &str, with_bos: bool) -> Vec<u32> {
 }
 
 /// Checks `e` against the golden's prompts that `take` selects; returns every mismatch.
-fn check_prompts(e: &Engine, g: &Value, what: &str, tol: Tol, take: &Take) -> Vec<String> {
+fn check_prompts(
+    e: &Engine,
+    g: &Value,
+    what: &str,
+    tol: Tol,
+    take: &Take,
+    adapter: Option<&Arc<LoraAdapter>>,
+) -> Vec<String> {
     let mut fails = vec![];
     let steps = g["greedy_steps"].as_u64().unwrap() as usize;
     let greedy_key = format!("greedy{steps}");
@@ -168,7 +182,7 @@ fn check_prompts(e: &Engine, g: &Value, what: &str, tol: Tol, take: &Take) -> Ve
         }
         // Numerics on the golden's ids, so a tokenizer difference does not hide them.
         let n = want_ids.len();
-        let logits = e.logits_all(&want_ids, None).unwrap();
+        let logits = e.logits_all(&want_ids, adapter).unwrap();
         let want_argmax = ids(&p["argmax"]);
         let margins = floats(&p["margin"]);
         let mut bad = 0;
@@ -200,11 +214,15 @@ fn check_prompts(e: &Engine, g: &Value, what: &str, tol: Tol, take: &Take) -> Ve
             }
         }
         eprintln!("{name}: {n} positions, {bad} argmax differ, top-20 worst error {worst:.2e}");
+        if !take.greedy {
+            continue;
+        }
         let req = GenerateRequest {
             prompt_ids: want_ids.clone(),
             max_tokens: steps,
             params: SamplingParams::greedy(),
             ignore_eos: true,
+            adapter: adapter.cloned(),
             ..Default::default()
         };
         let mut streamed = String::new();
@@ -252,7 +270,16 @@ fn check_tokenizer_cases(e: &Engine, g: &Value, what: &str) -> Vec<String> {
 
 /// Both files of a tiny family against its golden.
 fn check_tiny(family: &str) {
-    let g = golden(&format!("tiny-{family}.json"));
+    check_files(family, &format!("tiny-{family}.json"), None);
+}
+
+/// Both files of a tiny family against golden `name`, with the adapter folder `lora`
+/// (relative to the repository) when given.
+fn check_files(family: &str, name: &str, lora: Option<&str>) {
+    let g = golden(name);
+    // The family's config (the base golden records it).
+    let base = golden(&format!("tiny-{family}.json"));
+    let facts = &base["config_facts"]["config"];
     let mut fails = vec![];
     let files = [
         ("gguf", root().join(g["model_file"].as_str().unwrap())),
@@ -275,31 +302,60 @@ fn check_tiny(family: &str) {
         };
         // A window the HF config has and the file lost (Mistral's GGUF).
         let lost_window = loaded.config.block.windows.is_empty()
-            && g["config_facts"]["config"]["sliding_window"].is_number()
-            && g["config_facts"]["config"]["model_type"] == "mistral";
-        let want = if lost_window {
+            && facts["sliding_window"].is_number()
+            && facts["model_type"] == "mistral";
+        // Against transformers with the window off where the golden has that variant;
+        // otherwise only the prompts within the window, without their continuations.
+        let variant_golden = lost_window && !g["variant_goldens"]["no_sliding_window"].is_null();
+        let window = facts["sliding_window"].as_u64().unwrap_or(0) as usize;
+        let want = if variant_golden {
             eprintln!("{what}: the file carries no sliding window: checked against transformers without one");
             variant(&g, "no_sliding_window")
         } else {
+            if lost_window {
+                eprintln!("{what}: the file carries no sliding window: prompts within {window} tokens only");
+            }
             g.clone()
         };
         for (context, regime) in regimes {
             let files = tessera_formats::load_model(&path).unwrap();
             let e = engine(files, context, Precision::Exact);
-            let prompt = |p: &Value| regime.is_none_or(|r| p["rope_regime"].as_str() == Some(r));
-            let take = Take { prompt: &prompt };
-            fails.extend(check_prompts(&e, &want, &what, Tol(F32_TOL), &take));
-            if regime != Some("long") {
+            let adapter = lora.map(|dir| e.load_adapter(&root().join(dir)).unwrap());
+            let within = !lost_window || variant_golden;
+            let prompt = |p: &Value| {
+                regime.is_none_or(|r| p["rope_regime"].as_str() == Some(r))
+                    && (within || ids(&p["ids"]).len() <= window)
+            };
+            let take = Take {
+                prompt: &prompt,
+                greedy: within,
+            };
+            fails.extend(check_prompts(
+                &e,
+                &want,
+                &what,
+                Tol(F32_TOL),
+                &take,
+                adapter.as_ref(),
+            ));
+            if regime != Some("long") && lora.is_none() {
                 fails.extend(check_tokenizer_cases(&e, &g, &what));
             }
         }
     }
     assert!(
         fails.is_empty(),
-        "tiny-{family}: {} mismatches:\n{}",
+        "{name}: {} mismatches:\n{}",
         fails.len(),
         fails.join("\n")
     );
+}
+
+/// A family's PEFT adapter (all its projections under PEFT's names; Phi-3's fused
+/// `qkv_proj` and `gate_up_proj`) on both files against transformers + peft.
+fn check_lora(family: &str) {
+    let dir = format!("tests/models/lora-{family}");
+    check_files(family, &format!("lora-{family}.json"), Some(&dir));
 }
 
 macro_rules! tiny_family_tests {
@@ -320,6 +376,26 @@ tiny_family_tests! {
     gemma2_matches_transformers => "gemma2",
     phi3_matches_transformers => "phi3",
     mistral_matches_transformers => "mistral",
+}
+
+macro_rules! lora_family_tests {
+    ($($name:ident => $family:literal),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                check_lora($family);
+            }
+        )*
+    };
+}
+
+lora_family_tests! {
+    llama3_lora_matches_peft => "llama3",
+    qwen3_lora_matches_peft => "qwen3",
+    gemma3_lora_matches_peft => "gemma3",
+    gemma2_lora_matches_peft => "gemma2",
+    phi3_lora_matches_peft => "phi3",
+    mistral_lora_matches_peft => "mistral",
 }
 
 /// The real Gemma 3 270M Q4_K_M file, when cached.
@@ -345,8 +421,11 @@ fn gemma_3_270m_q4_k_m_matches_transformers() {
     }
     let e = Engine::load(&path, THREADS).unwrap();
     let all = |_: &Value| true;
-    let take = Take { prompt: &all };
-    let mut fails = check_prompts(&e, &g, "gemma-3-270m", Tol(QUANT_REL_TOL), &take);
+    let take = Take {
+        prompt: &all,
+        greedy: true,
+    };
+    let mut fails = check_prompts(&e, &g, "gemma-3-270m", Tol(QUANT_REL_TOL), &take, None);
     fails.extend(check_tokenizer_cases(&e, &g, "gemma-3-270m"));
     assert!(
         fails.is_empty(),

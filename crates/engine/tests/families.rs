@@ -549,3 +549,99 @@ fn every_family_serves_from_the_prefix_cache() {
         eprintln!("{family}: {hits} prompt tokens from the prefix cache, same tokens");
     }
 }
+
+/// `family`'s tiny GGUF rewritten without the tensors `drop`, with the metadata `set`
+/// replaced (or removed where `None`), into `dir`.
+fn rewritten(
+    family: &str,
+    dir: &common::tiny::TempDir,
+    drop: &[&str],
+    set: &[(&str, Option<tessera_formats::gguf::MetaValue>)],
+) -> PathBuf {
+    use tessera_formats::gguf::{writer, GgufFile};
+    let f = GgufFile::open(&tiny_gguf(family)).unwrap();
+    let mut meta: Vec<(String, tessera_formats::gguf::MetaValue)> = f
+        .metadata
+        .iter()
+        .filter(|(k, _)| !set.iter().any(|(s, _)| s == k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    meta.extend(
+        set.iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v))),
+    );
+    let data: Vec<(&tessera_formats::gguf::TensorInfo, Vec<u8>)> = f
+        .tensors
+        .iter()
+        .filter(|t| !drop.contains(&t.name.as_str()))
+        .map(|t| (t, f.tensor(t).unwrap().data().to_vec()))
+        .collect();
+    let specs: Vec<writer::TensorSpec> = data
+        .iter()
+        .map(|(t, d)| writer::TensorSpec {
+            name: &t.name,
+            dims: &t.dims,
+            ggml_type: t.ggml_type,
+            data: d,
+        })
+        .collect();
+    let meta_refs: Vec<(&str, tessera_formats::gguf::MetaValue)> =
+        meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(&format!("{family}-{n}.gguf"));
+    std::fs::write(&path, writer::write(&meta_refs, &specs)).unwrap();
+    path
+}
+
+/// A family's file missing what its block needs, or carrying bad values, is refused at load
+/// with an error naming the tensor or key, never a panic.
+#[test]
+fn broken_family_files_are_refused_by_name() {
+    use tessera_formats::gguf::MetaValue;
+    let dir = common::tiny::TempDir::new("families-bad");
+    let load_err = |p: &Path| match Engine::load(p, 1) {
+        Ok(_) => panic!("{} loaded", p.display()),
+        Err(e) => e.to_string(),
+    };
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (
+            rewritten("gemma3", &dir, &["blk.1.attn_q_norm.weight"], &[]),
+            "blk.1.attn_q_norm.weight",
+        ),
+        (
+            rewritten("gemma2", &dir, &["blk.0.post_ffw_norm.weight"], &[]),
+            "blk.0.post_ffw_norm.weight",
+        ),
+        (
+            rewritten(
+                "gemma3",
+                &dir,
+                &[],
+                &[("gemma3.attention.sliding_window", None)],
+            ),
+            "gemma3.attention.sliding_window",
+        ),
+        (
+            rewritten(
+                "gemma2",
+                &dir,
+                &[],
+                &[("gemma2.attn_logit_softcapping", Some(MetaValue::F32(-3.0)))],
+            ),
+            "soft-cap",
+        ),
+        (
+            rewritten("phi3", &dir, &["blk.0.attn_qkv.weight"], &[]),
+            "blk.0.attn_q.weight",
+        ),
+        (
+            rewritten("qwen3", &dir, &["blk.0.attn_k_norm.weight"], &[]),
+            "blk.0.attn_k_norm.weight",
+        ),
+    ];
+    for (path, want) in cases {
+        let e = load_err(&path);
+        assert!(e.contains(want), "{}: {e}", path.display());
+    }
+}

@@ -131,7 +131,7 @@ fn variant(g: &Value, name: &str) -> Value {
 /// Ids of `text` as the golden's prompt was tokenized (with or without the special tokens).
 fn encode_like(e: &Engine, text: &str, with_bos: bool) -> Vec<u32> {
     let mut got = e.tokenizer.encode(text).unwrap();
-    if !with_bos && got.first().is_some() && got.first() == e.tokenizer.bos_id().as_ref() {
+    if !with_bos && !got.is_empty() && got.first() == e.tokenizer.bos_id().as_ref() {
         got.remove(0);
     }
     got
@@ -257,7 +257,7 @@ fn check_tokenizer_cases(e: &Engine, g: &Value, what: &str) -> Vec<String> {
         let want = ids(case
             .get("ids_transformers")
             .unwrap_or(&case["ids_transformers_gguf"]));
-        let with_bos = want.first().is_some() && want.first() == e.tokenizer.bos_id().as_ref();
+        let with_bos = !want.is_empty() && want.first() == e.tokenizer.bos_id().as_ref();
         let got = encode_like(e, text, with_bos);
         if got != want {
             fails.push(format!(

@@ -29,11 +29,26 @@ use crate::KvError;
 pub type SeqId = u64;
 
 #[derive(Debug, Clone)]
-struct SeqTable {
-    blocks: Vec<u32>,
+pub(crate) struct SeqTable {
+    pub(crate) blocks: Vec<u32>,
     /// Chained hashes of the first `hashes.len()` blocks, whose content is final.
-    hashes: Vec<BlockHash>,
-    namespace: Option<u64>,
+    pub(crate) hashes: Vec<BlockHash>,
+    pub(crate) namespace: Option<u64>,
+    /// With a window group: its block for each index of `blocks`, [`DROPPED`] where the
+    /// sequence has moved past it (or never needed it).
+    pub(crate) wblocks: Vec<u32>,
+}
+
+/// A window-group table entry the sequence no longer holds.
+pub const DROPPED: u32 = u32::MAX;
+
+/// The window group: blocks of the layers that attend only the last `window` positions, in
+/// a pool of their own, held by a sequence only while some position it will still compute
+/// attends them (see [`KvManager::with_window`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Win {
+    pub(crate) pool: BlockPool,
+    pub(crate) window: usize,
 }
 
 /// Counters for logs and the metrics endpoint.
@@ -64,7 +79,8 @@ impl KvMetrics {
 #[derive(Debug, Clone)]
 pub struct KvManager {
     pool: BlockPool,
-    seqs: HashMap<SeqId, SeqTable>,
+    pub(crate) seqs: HashMap<SeqId, SeqTable>,
+    pub(crate) win: Option<Win>,
     prefix_caching: bool,
     query_tokens: u64,
     hit_tokens: u64,
@@ -81,6 +97,7 @@ impl KvManager {
         Ok(KvManager {
             pool: BlockPool::new(num_blocks, block_size)?,
             seqs: HashMap::new(),
+            win: None,
             prefix_caching,
             query_tokens: 0,
             hit_tokens: 0,
@@ -128,6 +145,8 @@ impl KvManager {
             }
             parent = Some(h);
         }
+        let keep = self.window_hits(namespace, tokens, &hits).0;
+        hits.truncate(keep);
         hits
     }
 
@@ -167,12 +186,15 @@ impl KvManager {
                 available,
             });
         }
+        let (_, win_hits) = self.window_hits(namespace, tokens, &hits);
+        self.check_window_room(&win_hits, new)?;
         // Hold the hits first so the allocation below cannot evict them.
         for &(b, _) in &hits {
             self.pool.incref(b)?;
         }
         let mut blocks: Vec<u32> = hits.iter().map(|&(b, _)| b).collect();
         blocks.extend(self.pool.allocate(new)?);
+        let wblocks = self.admit_window(&win_hits, hits.len(), new)?;
         let cached = hits.len() * self.block_size();
         if self.prefix_caching {
             self.query_tokens += tokens.len() as u64;
@@ -184,6 +206,7 @@ impl KvManager {
                 blocks,
                 hashes: hits.iter().map(|&(_, h)| h).collect(),
                 namespace,
+                wblocks,
             },
         );
         Ok(cached)
@@ -198,12 +221,21 @@ impl KvManager {
     /// Grows `seq`'s table to cover `positions` positions; all or nothing.
     pub fn allocate_for(&mut self, seq: SeqId, positions: usize) -> Result<(), KvError> {
         let need = self.blocks_needed(seq, positions);
-        let Some(table) = self.seqs.get_mut(&seq) else {
+        if !self.seqs.contains_key(&seq) {
             return Err(KvError::UnknownSeq { seq });
-        };
-        if need > 0 {
-            table.blocks.extend(self.pool.allocate(need)?);
         }
+        if need == 0 {
+            return Ok(());
+        }
+        self.check_window_room(&[], need)?;
+        let blocks = self.pool.allocate(need)?;
+        let wblocks = match &mut self.win {
+            Some(w) => w.pool.allocate(need)?,
+            None => Vec::new(),
+        };
+        let table = self.seqs.get_mut(&seq).expect("checked above");
+        table.blocks.extend(blocks);
+        table.wblocks.extend(wblocks);
         Ok(())
     }
 
@@ -213,6 +245,11 @@ impl KvManager {
         let table = self.seqs.remove(&seq).ok_or(KvError::UnknownSeq { seq })?;
         for &b in table.blocks.iter().rev() {
             self.pool.release(b)?;
+        }
+        if let Some(w) = &mut self.win {
+            for &b in table.wblocks.iter().rev().filter(|&&b| b != DROPPED) {
+                w.pool.release(b)?;
+            }
         }
         Ok(())
     }
@@ -245,6 +282,11 @@ impl KvManager {
                 parent,
                 tokens: chunk.into(),
             };
+            if let (Some(w), Some(&wb)) = (&mut self.win, table.wblocks.get(i)) {
+                if wb != DROPPED {
+                    w.pool.register(wb, content.clone());
+                }
+            }
             if self.pool.register(table.blocks[i], content) {
                 registered += 1;
             }
@@ -272,7 +314,7 @@ impl KvManager {
                 return Err(KvError::ImmutableWrite { seq, block, index });
             }
         }
-        Ok(())
+        self.check_window_write(seq, start, end)
     }
 
     pub fn metrics(&self) -> KvMetrics {
@@ -290,6 +332,7 @@ impl KvManager {
     /// All invariants of the pool and the tables (see the module docs). O(blocks + tables).
     pub fn check(&self) -> Result<(), KvError> {
         self.pool.check()?;
+        self.check_window()?;
         let bad = |m: String| Err(KvError::Invariant(m));
         let mut holders = vec![0u32; self.pool.capacity()];
         for (&seq, t) in &self.seqs {

@@ -208,15 +208,38 @@ pub fn run(args: ServeArgs) -> Result<()> {
         eprintln!("note: {e}; /v1/chat/completions will fail, /v1/completions works");
     }
     let block = tessera_engine::KV_BLOCK_SIZE;
+    // Sliding-window layers keep only the running sequences' windows (a window group of
+    // fixed size); the rest of the memory budget goes to the full cache's blocks.
+    let max_batched = max_batched_tokens.max(max_num_seqs);
+    let window = tessera_engine::step::window_group_for(
+        &engine,
+        block,
+        max_num_seqs,
+        max_prefill_chunk.min(max_batched),
+    );
+    let (full_per_block, window_per_block) = engine.kv_bytes_per_block_groups(block);
+    let (per_block, window_mb) = match window {
+        Some(w) => (
+            full_per_block,
+            (w.num_blocks * window_per_block).div_ceil(1 << 20),
+        ),
+        None => (engine.kv_bytes_per_block(block), 0),
+    };
+    if kv_blocks.is_none() && window_mb >= kv_memory_mb {
+        bail!(
+            "--kv-memory-mb {kv_memory_mb}: the sliding-window layers of {max_num_seqs} \
+             sequences alone take {window_mb} MB"
+        );
+    }
     // The cache must fit the memory, the context the cache.
     let kv = tessera_engine::resources::size_kv(
         &tessera_engine::resources::KvRequest {
             blocks: kv_blocks,
-            memory_mb: kv_memory_mb,
+            memory_mb: kv_memory_mb.saturating_sub(window_mb),
             max_model_len,
             default_context: 8192,
         },
-        engine.kv_bytes_per_block(block),
+        per_block,
         block,
         engine.config.max_position,
     )?;
@@ -232,6 +255,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     sched.max_waiting = max_waiting;
     sched.adapter_serial = serial;
     sched.long_prefill_tokens = long_prefill_tokens.unwrap_or(max_model_len / 25);
+    sched.window = window;
     sched.time_budget = step_time_budget(&engine, &sched, &step_time_budget_ms)?;
     sched
         .validate()
@@ -241,6 +265,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv.bytes as f64 / 1e6,
         engine.kv_dtype
     );
+    if let Some(w) = window {
+        eprintln!(
+            "KV window group: the {}-position sliding-window layers in {} blocks ({:.0} MB): \
+             each sequence holds only its window there",
+            w.window,
+            w.num_blocks,
+            (w.num_blocks * window_per_block) as f64 / 1e6
+        );
+    }
     let name = served_model_name.unwrap_or_else(|| default_model_name(&model, &engine));
     let addr: std::net::SocketAddr = format!("{host}:{port}")
         .parse()

@@ -360,6 +360,45 @@ impl Engine {
         }
     }
 
+    /// Bytes one KV block of `block_size` positions takes in the layers outside the window
+    /// group and in those inside it (one rank; `(all, 0)` without windowed layers).
+    pub fn kv_bytes_per_block_groups(&self, block_size: usize) -> (usize, usize) {
+        let all = self.kv_bytes_per_block(block_size);
+        let windowed = (0..self.config.n_layers)
+            .filter(|&l| self.config.window(l).is_some())
+            .count();
+        let per_layer = all / self.config.n_layers.max(1);
+        (all - windowed * per_layer, windowed * per_layer)
+    }
+
+    /// [`Engine::new_kv`] with the model's sliding-window layers kept apart in
+    /// `window_blocks` blocks (one rank; a model without windowed layers gets the plain
+    /// storage).
+    pub fn new_kv_windowed(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        window_blocks: usize,
+    ) -> Result<Vec<KvStorage>> {
+        if self.tp.is_some() {
+            return Err(tessera_core::Error::Config(
+                "a KV window group runs on one rank only".into(),
+            ));
+        }
+        let kv = self.model.new_kv_storage_windowed(
+            block_size,
+            num_blocks,
+            window_blocks,
+            self.kv_dtype,
+        )?;
+        crate::resources::check_memory(
+            kv.bytes() as u64,
+            &format!("a KV cache of {num_blocks} blocks (window group {window_blocks})"),
+            "",
+        )?;
+        Ok(vec![kv])
+    }
+
     /// One forward over every rank's KV storage and workspace (one entry each without
     /// tensor parallelism).
     pub fn forward_ranks<'w>(

@@ -22,7 +22,7 @@ use tessera_core::{Error, Result};
 use tessera_lora::LoraAdapter;
 use tessera_model::{BatchMeta, KvStorage, LogitsFor, SeqChunk, Workspace};
 use tessera_scheduler::{
-    KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult,
+    KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult, WindowGroup,
 };
 
 use crate::live::LiveRequest;
@@ -79,9 +79,17 @@ pub struct StepEngine<'e> {
 }
 
 impl<'e> StepEngine<'e> {
-    /// An engine over `engine`'s model with a KV storage of `cfg.num_blocks` blocks.
-    pub fn new(engine: &'e Engine, cfg: SchedulerConfig) -> Result<Self> {
-        let kv = engine.new_kv(cfg.block_size, cfg.num_blocks)?;
+    /// An engine over `engine`'s model with a KV storage of `cfg.num_blocks` blocks. A model
+    /// with sliding-window layers on one rank keeps those layers in a window group
+    /// ([`window_group`]) where that takes fewer blocks.
+    pub fn new(engine: &'e Engine, mut cfg: SchedulerConfig) -> Result<Self> {
+        if cfg.window.is_none() {
+            cfg.window = window_group(engine, &cfg);
+        }
+        let kv = match cfg.window {
+            Some(w) => engine.new_kv_windowed(cfg.block_size, cfg.num_blocks, w.num_blocks)?,
+            None => engine.new_kv(cfg.block_size, cfg.num_blocks)?,
+        };
         let sched = Scheduler::new(cfg).map_err(|e| Error::Config(format!("scheduler: {e}")))?;
         let kv_len = kv.len();
         let fit = sched.config().time_budget.map(|t| OnlineFit::new(t.cost));
@@ -114,6 +122,11 @@ impl<'e> StepEngine<'e> {
     pub fn num_running(&self) -> usize {
         self.sched.num_running()
     }
+    /// Bytes of the KV storage (every rank's).
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.iter().map(KvStorage::bytes).sum()
+    }
+
     pub fn kv_metrics(&self) -> KvMetrics {
         self.sched.kv_metrics()
     }
@@ -250,6 +263,7 @@ impl<'e> StepEngine<'e> {
             };
             let mut chunk =
                 SeqChunk::new(s.tokens.clone(), s.start_pos, s.block_table.clone(), logits);
+            chunk.window_table = s.window_table.clone();
             if let Some(a) = self.live.get(&s.id).and_then(|l| l.adapter.as_ref()) {
                 let slot = match adapters.iter().position(|x| x.id == a.id) {
                     Some(i) => i,
@@ -393,4 +407,43 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     } else {
         "unknown panic".to_string()
     }
+}
+
+/// The window group for `engine`'s model under `cfg`: its sliding-window layers' KV in
+/// blocks enough for every running sequence's window (and a quarter more for the prefix
+/// cache), where that is fewer than the full cache's; `None` without windowed layers, under
+/// tensor parallelism, or where it would save nothing.
+pub fn window_group(engine: &Engine, cfg: &SchedulerConfig) -> Option<WindowGroup> {
+    let g = window_group_for(
+        engine,
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_prefill_chunk.min(cfg.max_num_batched_tokens),
+    )?;
+    (g.num_blocks < cfg.num_blocks).then_some(g)
+}
+
+/// The window group `engine`'s model needs for `max_num_seqs` sequences computing chunks of
+/// up to `chunk` positions (a quarter more for the prefix cache); `None` without windowed
+/// layers or under tensor parallelism.
+pub fn window_group_for(
+    engine: &Engine,
+    block_size: usize,
+    max_num_seqs: usize,
+    chunk: usize,
+) -> Option<WindowGroup> {
+    let window = engine.model.window()?;
+    if engine.tp_size() > 1 {
+        return None;
+    }
+    let g = WindowGroup {
+        window,
+        num_blocks: 0,
+    };
+    let per = g.blocks_per_seq(block_size, chunk);
+    let blocks = per.saturating_mul(max_num_seqs).saturating_mul(5) / 4 + per;
+    Some(WindowGroup {
+        window,
+        num_blocks: blocks,
+    })
 }

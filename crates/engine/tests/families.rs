@@ -645,3 +645,86 @@ fn broken_family_files_are_refused_by_name() {
         assert!(e.contains(want), "{}: {e}", path.display());
     }
 }
+
+/// Served by a step engine with few sequences, a model's sliding-window layers keep only
+/// their window (a window group a fraction of the full cache) and give the tokens of the
+/// full cache; a repeated prompt is served from the prefix cache, window blocks included.
+#[test]
+fn windowed_layers_keep_only_their_window() {
+    use tessera_engine::{RequestEvent, StepEngine, KV_BLOCK_SIZE};
+    use tessera_scheduler::SchedulerConfig;
+    let cases = [
+        ("gemma3", tiny_gguf("gemma3")),
+        ("gemma2", tiny_gguf("gemma2")),
+        ("mistral", root().join("tests/models/tiny-mistral")),
+    ];
+    for (family, path) in cases {
+        let e = Engine::load(&path, THREADS).unwrap();
+        let v = e.model.config.vocab_size;
+        let prompts: Vec<Vec<u32>> =
+            vec![prompt(70, v), prompt(70, v), prompt(45, v)[5..].to_vec()];
+        // The full cache's answers, one request at a time.
+        let want: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| {
+                let req = GenerateRequest {
+                    prompt_ids: p.clone(),
+                    max_tokens: 12,
+                    params: SamplingParams::greedy(),
+                    ignore_eos: true,
+                    ..Default::default()
+                };
+                generate(&e, &req, &mut |_| {}).unwrap().tokens
+            })
+            .collect();
+        let mut cfg = SchedulerConfig::new(64, KV_BLOCK_SIZE);
+        cfg.max_num_seqs = 2;
+        cfg.max_model_len = 256;
+        cfg.max_prefill_chunk = 16;
+        cfg.max_num_batched_tokens = 16;
+        let mut steps = StepEngine::new(&e, cfg).unwrap();
+        let group = steps.config().window.expect("a window group");
+        let full = e.kv_bytes_per_block(KV_BLOCK_SIZE) * 64;
+        eprintln!(
+            "{family}: window {} in {} blocks: KV {} of {} bytes",
+            group.window,
+            group.num_blocks,
+            steps.kv_bytes(),
+            full
+        );
+        assert!(steps.kv_bytes() < full);
+        // Two at once, then the first prompt again (from the prefix cache).
+        let mut got = vec![vec![]; prompts.len()];
+        for wave in [&[0usize, 2][..], &[1][..]] {
+            for &id in wave {
+                let req = GenerateRequest {
+                    prompt_ids: prompts[id].clone(),
+                    max_tokens: 12,
+                    params: SamplingParams::greedy(),
+                    ignore_eos: true,
+                    ..Default::default()
+                };
+                steps.submit(id as u64, &req).unwrap();
+            }
+            let mut done = 0;
+            while done < wave.len() {
+                for (id, ev) in steps.step().events {
+                    match ev {
+                        RequestEvent::Text { tokens, .. } => got[id as usize].extend(tokens),
+                        RequestEvent::Finished { .. } => done += 1,
+                        RequestEvent::Failed { message } => {
+                            panic!("{family} request {id}: {message}")
+                        }
+                    }
+                }
+                steps.check().unwrap();
+            }
+        }
+        assert_eq!(got, want, "{family}: the window group changed the tokens");
+        let hits = steps.kv_metrics().prefix_hit_tokens;
+        assert!(
+            hits >= 64,
+            "{family}: {hits} prompt tokens from the prefix cache"
+        );
+    }
+}

@@ -531,6 +531,7 @@ fn forward_rejects_bad_tokens_and_positions() {
             block_table: (0..blocks as u32).collect(),
             logits: LogitsFor::Last,
             adapter: None,
+            window_table: None,
         };
         match e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv) {
             Ok(_) => panic!("forward succeeded, expected an error"),
@@ -558,6 +559,7 @@ fn forward_rejects_bad_tokens_and_positions() {
         block_table: (0..blocks as u32).collect(),
         logits: LogitsFor::Last,
         adapter: None,
+        window_table: None,
     };
     e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap();
 
@@ -570,6 +572,7 @@ fn forward_rejects_bad_tokens_and_positions() {
         block_table: vec![0, 9],
         logits: LogitsFor::Last,
         adapter: None,
+        window_table: None,
     };
     let err = e
         .forward(&BatchMeta { seqs: vec![seq] }, &mut kv)
@@ -596,6 +599,7 @@ fn forward_edge_cases_do_not_panic() {
             block_table: vec![0, 1],
             logits: LogitsFor::Last,
             adapter: None,
+            window_table: None,
         };
         let err = e
             .forward(&BatchMeta { seqs: vec![seq] }, &mut kv)
@@ -617,6 +621,7 @@ fn forward_edge_cases_do_not_panic() {
                 block_table: vec![3],
                 logits: LogitsFor::Last,
                 adapter: None,
+                window_table: None,
             },
             SeqChunk {
                 tokens: tokens.clone(),
@@ -624,6 +629,7 @@ fn forward_edge_cases_do_not_panic() {
                 block_table: vec![0, 1],
                 logits: LogitsFor::All,
                 adapter: None,
+                window_table: None,
             },
         ],
     };

@@ -246,8 +246,10 @@ impl KvManager {
         for &b in table.blocks.iter().rev() {
             self.pool.release(b)?;
         }
+        // The window group's oldest blocks go first: a later prefix hit needs the blocks
+        // just before its end, so those should be evicted last.
         if let Some(w) = &mut self.win {
-            for &b in table.wblocks.iter().rev().filter(|&&b| b != DROPPED) {
+            for &b in table.wblocks.iter().filter(|&&b| b != DROPPED) {
                 w.pool.release(b)?;
             }
         }

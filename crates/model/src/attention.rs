@@ -114,7 +114,7 @@ pub fn attention(
             for it in &work.per_unit[unit] {
                 let seg = it.part.map(|(_, s)| s);
                 gather(
-                    &mut l.g, batch, it, seg, kv, q, q_stride, base, group, hd, window,
+                    &mut l.g, batch, it, seg, kv, layer, q, q_stride, base, group, hd, window,
                 );
                 let tile = Tile {
                     head_dim: hd,
@@ -177,6 +177,7 @@ fn gather(
     it: &Item,
     seg: Option<usize>,
     kv: &KvStorage,
+    layer: usize,
     q: &[f32],
     q_stride: usize,
     base: usize,
@@ -184,7 +185,10 @@ fn gather(
     hd: usize,
     window: Option<usize>,
 ) {
-    let table = batch.table(batch.row_seq[it.rows.start] as usize);
+    let table = batch.table_for(
+        batch.row_seq[it.rows.start] as usize,
+        kv.in_window_group(layer),
+    );
     g.q.clear();
     g.limits.clear();
     g.starts.clear();

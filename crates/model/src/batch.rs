@@ -25,6 +25,11 @@ pub struct SeqChunk {
     pub logits: LogitsFor,
     /// The step's adapter slot whose weights these tokens use (`None`: the base model).
     pub adapter: Option<u32>,
+    /// Blocks of the window group (the sliding-window layers, when the KV storage keeps
+    /// them apart: [`crate::KvStorage::with_window_group`]), by block index like
+    /// `block_table`; `tessera_kv::DROPPED` where the sequence no longer attends the block.
+    /// `None`: those layers use `block_table`.
+    pub window_table: Option<Vec<u32>>,
 }
 
 impl SeqChunk {
@@ -41,6 +46,7 @@ impl SeqChunk {
             block_table,
             logits,
             adapter: None,
+            window_table: None,
         }
     }
 }

@@ -127,6 +127,11 @@ impl Buf {
 pub struct KvStorage {
     block_size: usize,
     num_blocks: usize,
+    /// Layers of the window group (kept apart, in `window_blocks` blocks), if any, and the
+    /// positions they attend back (the group's largest window).
+    window_layers: Vec<bool>,
+    window_blocks: usize,
+    window: usize,
     kv_dim: usize,
     dtype: KvDtype,
     k: Vec<Buf>,
@@ -151,26 +156,76 @@ impl KvStorage {
         num_blocks: usize,
         dtype: KvDtype,
     ) -> Result<Self> {
+        Self::with_window_group(layers, kv_dim, block_size, num_blocks, &[], 0, 0, dtype)
+    }
+
+    /// [`KvStorage::with_dtype`] with the layers marked in `window_layers` (sliding-window
+    /// layers attending at most `window` positions) kept apart in `window_blocks` blocks of
+    /// their own, addressed by each sequence's window table (`SeqChunk::window_table`).
+    /// Empty `window_layers`: none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_window_group(
+        layers: usize,
+        kv_dim: usize,
+        block_size: usize,
+        num_blocks: usize,
+        window_layers: &[bool],
+        window_blocks: usize,
+        window: usize,
+        dtype: KvDtype,
+    ) -> Result<Self> {
         if block_size == 0 {
             return Err(Error::Config("KV block size must be positive".into()));
         }
-        let per_layer = num_blocks
-            .checked_mul(block_size)
-            .and_then(|x| x.checked_mul(kv_dim))
-            .ok_or_else(|| Error::Config("KV storage size overflows".into()))?;
+        if !window_layers.is_empty() && window_layers.len() != layers {
+            return Err(Error::Config(format!(
+                "{} window-group flags for {layers} layers",
+                window_layers.len()
+            )));
+        }
+        let size = |blocks: usize| {
+            blocks
+                .checked_mul(block_size)
+                .and_then(|x| x.checked_mul(kv_dim))
+                .ok_or_else(|| Error::Config("KV storage size overflows".into()))
+        };
+        let (full, win) = (size(num_blocks)?, size(window_blocks)?);
+        let len = |l: usize| match window_layers.get(l) {
+            Some(true) => win,
+            _ => full,
+        };
         Ok(KvStorage {
             tag: 0,
             block_size,
             num_blocks,
+            window_layers: window_layers.to_vec(),
+            window_blocks,
+            window,
             kv_dim,
             dtype,
             k: (0..layers)
-                .map(|_| Buf::zeroed(dtype, per_layer))
+                .map(|l| Buf::zeroed(dtype, len(l)))
                 .collect::<Result<_>>()?,
             v: (0..layers)
-                .map(|_| Buf::zeroed(dtype, per_layer))
+                .map(|l| Buf::zeroed(dtype, len(l)))
                 .collect::<Result<_>>()?,
         })
+    }
+
+    /// Whether layer `layer` is in the window group (kept apart, addressed by window
+    /// tables).
+    pub fn in_window_group(&self, layer: usize) -> bool {
+        self.window_layers.get(layer).copied().unwrap_or(false)
+    }
+
+    /// Whether some layers are kept in a window group.
+    pub fn has_window_group(&self) -> bool {
+        self.window_layers.iter().any(|&w| w)
+    }
+
+    /// Blocks of the window group's storage.
+    pub fn window_blocks(&self) -> usize {
+        self.window_blocks
     }
 
     pub fn block_size(&self) -> usize {
@@ -191,7 +246,17 @@ impl KvStorage {
     }
     /// Bytes held (K and V, all layers).
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.num_blocks * self.block_size * self.kv_dim * self.dtype.bytes()
+        let per_block = self.block_size * self.kv_dim * self.dtype.bytes();
+        (0..self.k.len())
+            .map(|l| {
+                let blocks = if self.in_window_group(l) {
+                    self.window_blocks
+                } else {
+                    self.num_blocks
+                };
+                2 * blocks * per_block
+            })
+            .sum()
     }
 
     /// Element offset of `pos` of a sequence with `table`, within one layer's buffer.
@@ -199,6 +264,30 @@ impl KvStorage {
     pub fn offset(&self, table: &[u32], pos: usize) -> usize {
         let block = table[pos / self.block_size] as usize;
         (block * self.block_size + pos % self.block_size) * self.kv_dim
+    }
+
+    /// Checks a window table holds, in existing window-group blocks, every position a chunk
+    /// from `start` to `len` attends (from `start + 1 - window`: earlier entries may be
+    /// dropped).
+    pub fn check_window_table(&self, table: &[u32], start: usize, len: usize) -> Result<()> {
+        let first = (start + 1).saturating_sub(self.window);
+        let need = len.div_ceil(self.block_size);
+        if table.len() < need {
+            return Err(Error::Other(format!(
+                "window table has {} blocks, {len} positions need {need}",
+                table.len()
+            )));
+        }
+        if let Some(b) = table[first / self.block_size..need]
+            .iter()
+            .find(|&&b| b as usize >= self.window_blocks)
+        {
+            return Err(Error::Other(format!(
+                "window block {b} does not exist or was dropped (window group has {})",
+                self.window_blocks
+            )));
+        }
+        Ok(())
     }
 
     /// Checks a block table can hold `len` positions and names only existing blocks.
@@ -235,11 +324,16 @@ impl KvStorage {
         self.v[layer].write(off, v);
     }
 
-    /// Copies one block's contents (all layers) to another: copy-on-write for shared prefixes.
+    /// Copies one block's contents (every layer outside the window group) to another:
+    /// copy-on-write for shared prefixes.
     pub fn copy_block(&mut self, from: u32, to: u32) {
         let n = self.block_size * self.kv_dim;
         let (f, t) = (from as usize * n, to as usize * n);
-        for (k, v) in self.k.iter_mut().zip(&mut self.v) {
+        let groups = self.window_layers.clone();
+        for (l, (k, v)) in self.k.iter_mut().zip(&mut self.v).enumerate() {
+            if groups.get(l).copied().unwrap_or(false) {
+                continue;
+            }
             k.copy_within(f..f + n, t);
             v.copy_within(f..f + n, t);
         }

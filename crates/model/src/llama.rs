@@ -211,4 +211,37 @@ impl LlamaModel {
             dtype,
         )
     }
+
+    /// The largest window of this model's windowed layers, if it has any.
+    pub fn window(&self) -> Option<usize> {
+        self.config.block.windows.iter().flatten().copied().max()
+    }
+
+    /// [`LlamaModel::new_kv_storage_of`] with the windowed layers kept apart in
+    /// `window_blocks` blocks (addressed by the sequences' window tables); a model without
+    /// windowed layers gets the plain storage.
+    pub fn new_kv_storage_windowed(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        window_blocks: usize,
+        dtype: KvDtype,
+    ) -> Result<KvStorage> {
+        let Some(window) = self.window() else {
+            return self.new_kv_storage_of(block_size, num_blocks, dtype);
+        };
+        let layers: Vec<bool> = (0..self.config.n_layers)
+            .map(|l| self.config.window(l).is_some())
+            .collect();
+        KvStorage::with_window_group(
+            self.config.n_layers,
+            self.config.kv_dim(),
+            block_size,
+            num_blocks,
+            &layers,
+            window_blocks,
+            window,
+            dtype,
+        )
+    }
 }

@@ -22,6 +22,8 @@ pub struct PreparedSeq {
     pub rows: Range<usize>,
     /// Its block table: `PreparedBatch::tables[table]`.
     pub table: Range<usize>,
+    /// Its window table (with a window group): `PreparedBatch::window_tables[window]`.
+    pub window: Range<usize>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,6 +32,8 @@ pub struct PreparedBatch {
     pub positions: Vec<usize>,
     /// Element offset of each row's K/V slot within one layer's K (or V) buffer.
     pub kv_slots: Vec<usize>,
+    /// The same within a window-group layer's buffers (empty without a window group).
+    pub window_slots: Vec<usize>,
     /// Batch index of each row's sequence.
     pub row_seq: Vec<u32>,
     /// Adapter slot of each row (`None`: base model).
@@ -37,6 +41,9 @@ pub struct PreparedBatch {
     pub seqs: Vec<PreparedSeq>,
     /// Block tables of all sequences, concatenated.
     pub tables: Vec<u32>,
+    /// Window tables of all sequences, concatenated, dropped entries as block 0 (only keys
+    /// below a row's window, masked, read them).
+    pub window_tables: Vec<u32>,
     /// Rows that want logits, in batch order, with their `(sequence, position)`.
     pub logit_rows: Vec<usize>,
     pub logit_ids: Vec<(usize, usize)>,
@@ -72,6 +79,14 @@ impl PreparedBatch {
         &self.tables[self.seqs[seq].table.clone()]
     }
 
+    /// The table of sequence `seq` for a layer in the window group (`window`) or not.
+    pub fn table_for(&self, seq: usize, window: bool) -> &[u32] {
+        match window {
+            true => &self.window_tables[self.seqs[seq].window.clone()],
+            false => self.table(seq),
+        }
+    }
+
     /// Refills `self` from `batch` (an empty chunk contributes no rows), checking every
     /// sequence: positions inside `max_position`,
     /// a block table covering them with existing blocks, token ids inside `vocab`, and an
@@ -96,6 +111,25 @@ impl PreparedBatch {
             }
             kv.check_table(&chunk.block_table, end)
                 .map_err(|e| Error::sequence(s, e.to_string()))?;
+            let window =
+                match (&chunk.window_table, kv.has_window_group()) {
+                    (Some(t), true) => {
+                        kv.check_window_table(t, chunk.start_pos, end)
+                            .map_err(|e| Error::sequence(s, e.to_string()))?;
+                        Some(t)
+                    }
+                    (None, false) => None,
+                    (Some(_), false) => {
+                        return Err(Error::sequence(
+                            s,
+                            "a window table, but the KV storage keeps no window group",
+                        ))
+                    }
+                    (None, true) => return Err(Error::sequence(
+                        s,
+                        "the KV storage keeps a window group: the sequence needs a window table",
+                    )),
+                };
             if let Some(&t) = chunk.tokens.iter().find(|&&t| t as usize >= vocab) {
                 return Err(Error::sequence(
                     s,
@@ -111,11 +145,25 @@ impl PreparedBatch {
             let first = self.tokens.len();
             let t0 = self.tables.len();
             self.tables.extend_from_slice(&chunk.block_table);
+            let w0 = self.window_tables.len();
+            if let Some(t) = window {
+                let valid = |b: u32| {
+                    if b as usize >= kv.window_blocks() {
+                        0
+                    } else {
+                        b
+                    }
+                };
+                self.window_tables.extend(t.iter().map(|&b| valid(b)));
+            }
             for (i, &tok) in chunk.tokens.iter().enumerate() {
                 let pos = chunk.start_pos + i;
                 self.tokens.push(tok);
                 self.positions.push(pos);
                 self.kv_slots.push(kv.offset(&chunk.block_table, pos));
+                if let Some(t) = window {
+                    self.window_slots.push(kv.offset(t, pos));
+                }
                 self.row_seq.push(s as u32);
                 self.row_adapter.push(chunk.adapter);
             }
@@ -132,6 +180,7 @@ impl PreparedBatch {
             self.seqs.push(PreparedSeq {
                 rows: first..first + n,
                 table: t0..self.tables.len(),
+                window: w0..self.window_tables.len(),
             });
         }
         Ok(())
@@ -141,6 +190,8 @@ impl PreparedBatch {
         self.tokens.clear();
         self.positions.clear();
         self.kv_slots.clear();
+        self.window_slots.clear();
+        self.window_tables.clear();
         self.row_seq.clear();
         self.row_adapter.clear();
         self.seqs.clear();
@@ -258,6 +309,7 @@ mod tests {
                     block_table: table,
                     logits: LogitsFor::Last,
                     adapter: adapters[i % adapters.len()],
+                    window_table: None,
                 }
             })
             .collect();

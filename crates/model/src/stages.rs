@@ -241,7 +241,11 @@ impl LlamaModel {
                 rope.apply(kr, hd, positions[t], &mut cs);
             }
         });
-        for (t, &off) in batch.kv_slots[sb.rows.clone()].iter().enumerate() {
+        let slots = match kv.in_window_group(layer) {
+            true => &batch.window_slots,
+            false => &batch.kv_slots,
+        };
+        for (t, &off) in slots[sb.rows.clone()].iter().enumerate() {
             let row = &qkv[t * qkvd..(t + 1) * qkvd];
             kv.write(layer, off, &row[qd..qd + kvd], &row[qd + kvd..]);
         }

@@ -42,6 +42,26 @@ pub struct SchedulerConfig {
     /// lose, and costs throughput (each extra step pays the step's fixed part again, and
     /// smaller matrix products run less efficiently). 0: every prefill is long.
     pub long_prefill_tokens: usize,
+    /// A window group: the sliding-window layers' KV kept apart, each sequence holding only
+    /// the blocks it still attends (`tessera_kv::KvManager::with_window`).
+    pub window: Option<WindowGroup>,
+}
+
+/// The window group of a model with sliding-window layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowGroup {
+    /// Positions the windowed layers attend back.
+    pub window: usize,
+    /// Blocks of the group's own storage.
+    pub num_blocks: usize,
+}
+
+impl WindowGroup {
+    /// Window blocks one sequence holds at most: those from `start + 1 - window` to the end
+    /// of a chunk of `chunk`, plus the blocks of the step before it (released the next step).
+    pub fn blocks_per_seq(&self, block_size: usize, chunk: usize) -> usize {
+        (self.window + 2 * chunk).div_ceil(block_size) + 2
+    }
 }
 
 impl SchedulerConfig {
@@ -62,6 +82,7 @@ impl SchedulerConfig {
             adapter_serial: false,
             time_budget: None,
             long_prefill_tokens: 0,
+            window: None,
         }
     }
 
@@ -100,6 +121,12 @@ impl SchedulerConfig {
         }
         if let Some(t) = &self.time_budget {
             t.validate()?;
+        }
+        if let Some(w) = &self.window {
+            let chunk = self.max_prefill_chunk.min(self.max_num_batched_tokens);
+            if w.window == 0 || w.num_blocks < w.blocks_per_seq(self.block_size, chunk) {
+                return fail("the window group must hold at least one sequence's window");
+            }
         }
         Ok(())
     }

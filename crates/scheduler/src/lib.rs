@@ -22,7 +22,7 @@ pub mod policy;
 pub mod request;
 pub mod scheduler;
 
-pub use config::{Limits, SchedulerConfig};
+pub use config::{Limits, SchedulerConfig, WindowGroup};
 pub use cost::{Budget, StepCost, TimeBudget};
 pub use error::SchedError;
 pub use plan::{ScheduledSeq, StepPlan, StepResult};

@@ -23,6 +23,9 @@ pub struct ScheduledSeq {
     /// The chunk ends at the last known token: sample the next one from its last position.
     pub wants_logits: bool,
     pub adapter: Option<u64>,
+    /// With a window group: its blocks by block index (`tessera_kv::DROPPED` where the
+    /// sequence no longer attends them).
+    pub window_table: Option<Vec<u32>>,
 }
 
 impl ScheduledSeq {

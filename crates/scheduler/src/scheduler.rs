@@ -116,7 +116,16 @@ impl Scheduler {
     pub fn new(cfg: SchedulerConfig) -> Result<Self, SchedError> {
         cfg.validate()?;
         Ok(Scheduler {
-            kv: KvManager::new(cfg.num_blocks, cfg.block_size, cfg.prefix_caching)?,
+            kv: match cfg.window {
+                None => KvManager::new(cfg.num_blocks, cfg.block_size, cfg.prefix_caching)?,
+                Some(w) => KvManager::with_window(
+                    cfg.num_blocks,
+                    cfg.block_size,
+                    cfg.prefix_caching,
+                    w.window,
+                    w.num_blocks,
+                )?,
+            },
             cfg,
             seqs: HashMap::new(),
             waiting: Vec::new(),

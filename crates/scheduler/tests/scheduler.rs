@@ -520,6 +520,7 @@ fn entry(id: u64, start: usize, len: usize, table: Vec<u32>) -> ScheduledSeq {
         block_table: table,
         wants_logits: true,
         adapter: None,
+        window_table: None,
     }
 }
 

@@ -464,6 +464,7 @@ pub fn logits_all(e: &Engine, tokens: &[u32]) -> Vec<f32> {
         block_table: (0..blocks as u32).collect(),
         logits: LogitsFor::All,
         adapter: None,
+        window_table: None,
     };
     let l = e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap();
     assert_eq!(
@@ -518,6 +519,7 @@ pub fn assert_batched_matches_alone(
             block_table: table.clone(),
             logits: LogitsFor::All,
             adapter: None,
+            window_table: None,
         };
         let l1 = e.forward(&BatchMeta { seqs: vec![pre] }, &mut kv).unwrap();
         let dec = SeqChunk {
@@ -526,6 +528,7 @@ pub fn assert_batched_matches_alone(
             block_table: table,
             logits: LogitsFor::Last,
             adapter: None,
+            window_table: None,
         };
         let l2 = e.forward(&BatchMeta { seqs: vec![dec] }, &mut kv).unwrap();
         (l1.data, l2.data)
@@ -544,6 +547,7 @@ pub fn assert_batched_matches_alone(
                 block_table: ta.clone(),
                 logits: LogitsFor::All,
                 adapter: None,
+                window_table: None,
             },
             SeqChunk {
                 tokens: b.to_vec(),
@@ -551,6 +555,7 @@ pub fn assert_batched_matches_alone(
                 block_table: tb.clone(),
                 logits: LogitsFor::All,
                 adapter: None,
+                window_table: None,
             },
         ],
     };
@@ -568,6 +573,7 @@ pub fn assert_batched_matches_alone(
                 block_table: tb,
                 logits: LogitsFor::Last,
                 adapter: None,
+                window_table: None,
             },
             SeqChunk {
                 tokens: vec![next_a],
@@ -575,6 +581,7 @@ pub fn assert_batched_matches_alone(
                 block_table: ta,
                 logits: LogitsFor::Last,
                 adapter: None,
+                window_table: None,
             },
         ],
     };
@@ -603,6 +610,7 @@ pub fn assert_chunked_prefill_matches_one_shot(
             block_table: table.to_vec(),
             logits: LogitsFor::All,
             adapter: None,
+            window_table: None,
         };
         e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap()
     };
@@ -626,6 +634,7 @@ pub fn assert_chunked_prefill_matches_one_shot(
                 block_table: table.to_vec(),
                 logits: want,
                 adapter: None,
+                window_table: None,
             };
             let l = e.forward(&BatchMeta { seqs: vec![seq] }, &mut kv).unwrap();
             match want {

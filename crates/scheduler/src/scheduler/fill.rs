@@ -304,6 +304,10 @@ impl Scheduler {
     }
 
     pub(super) fn build_plan(&mut self, picks: Vec<Pick>, preempted: Vec<u64>) -> StepPlan {
+        // The window group lets go of the blocks no position from this chunk on attends.
+        for p in &picks {
+            let _ = self.kv.slide(p.id, p.start);
+        }
         let mut seqs: Vec<ScheduledSeq> = picks
             .into_iter()
             .filter_map(|p| {
@@ -316,6 +320,7 @@ impl Scheduler {
                     block_table: self.kv.block_table(p.id)?.to_vec(),
                     wants_logits: end == st.tokens.len(),
                     adapter: st.adapter,
+                    window_table: self.kv.window_table(p.id).map(<[u32]>::to_vec),
                 })
             })
             .collect();

@@ -316,6 +316,40 @@ mod tests {
         (BatchMeta { seqs }, kv)
     }
 
+    /// With a window group, a sequence's window table addresses its window layers: slots
+    /// from it, dropped entries (before the window) read as block 0, and a table missing
+    /// where the chunk attends, or absent, is an error naming the sequence.
+    #[test]
+    fn window_tables_give_the_window_layers_slots() {
+        // tessera_kv's entry for a dropped block.
+        const DROPPED: u32 = u32::MAX;
+        let kv =
+            KvStorage::with_window_group(2, 4, 4, 16, &[true, false], 6, 5, Default::default())
+                .unwrap();
+        let chunk = |window_table: Option<Vec<u32>>| SeqChunk {
+            tokens: vec![1; 2],
+            start_pos: 12,
+            block_table: vec![0, 1, 2, 3],
+            logits: LogitsFor::Last,
+            adapter: None,
+            window_table,
+        };
+        let mut p = PreparedBatch::default();
+        // Positions 12 and 13 attend keys from 8 (window 5): indices 2 and 3.
+        let ok = chunk(Some(vec![DROPPED, DROPPED, 4, 5]));
+        p.prepare(&BatchMeta { seqs: vec![ok] }, &kv, 64, 8, 0)
+            .unwrap();
+        assert_eq!(p.window_slots, [(5 * 4) * 4, (5 * 4 + 1) * 4]);
+        assert_eq!(p.table_for(0, true), [0, 0, 4, 5]);
+        assert_eq!(p.table_for(0, false), [0, 1, 2, 3]);
+        for bad in [chunk(Some(vec![DROPPED, DROPPED, DROPPED, 5])), chunk(None)] {
+            let e = p
+                .prepare(&BatchMeta { seqs: vec![bad] }, &kv, 64, 8, 0)
+                .unwrap_err();
+            assert!(e.to_string().contains("sequence 0"), "{e}");
+        }
+    }
+
     #[test]
     fn prepare_lays_out_rows_and_names_the_bad_sequence() {
         let (mut b, kv) = batch(&[3, 1, 5], &[None, Some(0)]);

@@ -141,3 +141,53 @@ def test_cancel_mid_stream_frees_blocks(server, client):
             break
     stream.close()
     wait_drained(server)
+
+
+def test_structured_output_parse_with_pydantic(client):
+    # The openai client's parse helper sends a strict json_schema response_format built from
+    # the pydantic model and parses the reply into it: it must always parse.
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=24)
+        age: int = Field(ge=0, le=150)
+        city: str = Field(max_length=24)
+
+    for seed in range(3):
+        r = client.beta.chat.completions.parse(
+            model="smol", response_format=Person, seed=seed, max_tokens=120,
+            messages=[{"role": "user", "content": "Invent a person: name, age and city."}])
+        p = r.choices[0].message.parsed
+        assert isinstance(p, Person) and 0 <= p.age <= 150, r.choices[0].message.content
+
+
+def test_structured_output_streams_and_json_object(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
+              "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+              "required": ["ok", "tags"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "t", "strict": True, "schema": schema}}
+    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "JSON please"}], stream=True,
+        response_format=rf, max_tokens=80, temperature=0) if c.choices)
+    v = json.loads(text)
+    assert isinstance(v["ok"], bool) and set(v["tags"]) <= {"a", "b", "c"}
+    r = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": "Reply with a JSON object."}],
+        response_format={"type": "json_object"}, max_tokens=200, temperature=0)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    # vLLM's names for a choice and a regex.
+    r = client.completions.create(model="smol", prompt="Yes or no?", max_tokens=8,
+                                  extra_body={"guided_choice": ["yes", "no"]})
+    assert r.choices[0].text in ("yes", "no")
+    r = client.completions.create(model="smol", prompt="Code:", max_tokens=12,
+                                  extra_body={"guided_regex": "[A-Z]{3}-[0-9]{3}"})
+    assert len(r.choices[0].text) == 7 and r.choices[0].text[3] == "-"
+
+
+def test_invalid_schemas_get_400(client):
+    for body in [{"guided_json": {"type": "bogus"}}, {"guided_regex": "(unclosed"},
+                 {"guided_regex": "a", "guided_choice": ["b"]},
+                 {"response_format": {"type": "xml"}}]:
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="smol", prompt="x", max_tokens=4, extra_body=body)

@@ -51,6 +51,8 @@ pub struct Engine {
     /// Ranks 1.. and the communicator under tensor parallelism (`model`, `pool` and
     /// `planner` are rank 0's).
     tp: Option<Mutex<TpGroup>>,
+    /// The grammar engine for constrained requests, built on the first one.
+    grammars: std::sync::OnceLock<std::result::Result<crate::constrain::Grammars, String>>,
     #[cfg(feature = "fault-injection")]
     pub fault_hook: Option<FaultHook>,
 }
@@ -264,9 +266,21 @@ impl Engine {
             load_secs: t0.elapsed().as_secs_f64(),
             workspace: Mutex::new((0..ranks).map(|_| Workspace::new()).collect()),
             tp,
+            grammars: std::sync::OnceLock::new(),
             #[cfg(feature = "fault-injection")]
             fault_hook: None,
         })
+    }
+
+    /// The grammar engine for constrained decoding (built once, on first use).
+    pub fn grammars(&self) -> Result<&crate::constrain::Grammars> {
+        self.grammars
+            .get_or_init(|| {
+                crate::constrain::Grammars::new(&self.tokenizer, self.config.vocab_size)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| tessera_core::Error::Other(e.clone()))
     }
 
     /// Tensor-parallel ranks (1 without tensor parallelism).

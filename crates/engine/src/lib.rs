@@ -9,6 +9,7 @@
 //! ([`tune`], timing small M on weights from DRAM as a step reads them: [`cold_weights`]).
 
 pub mod cold_weights;
+pub mod constrain;
 pub mod engine;
 pub mod generate;
 mod live;

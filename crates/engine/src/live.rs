@@ -7,6 +7,7 @@ use tessera_core::Result;
 use tessera_lora::LoraAdapter;
 use tessera_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::constrain::Constraint;
 use crate::request::{FinishReason, GenerateRequest, TokenLogprob};
 use crate::sampling::{logprob, Sampler};
 use crate::stop::StopMatcher;
@@ -18,6 +19,9 @@ pub(crate) struct LiveRequest {
     stops: StopMatcher,
     logprobs: Option<usize>,
     ignore_eos: bool,
+    /// The request's grammar, and its masked logits.
+    constraint: Option<Constraint>,
+    masked: Vec<f32>,
     pub prompt_tokens: usize,
     /// Tokens generated and accepted (EOS not counted).
     pub generated: usize,
@@ -36,8 +40,10 @@ pub(crate) struct TokenStep {
 }
 
 impl LiveRequest {
-    pub fn new(req: &GenerateRequest) -> Self {
+    pub fn new(req: &GenerateRequest, constraint: Option<Constraint>) -> Self {
         LiveRequest {
+            constraint,
+            masked: Vec::new(),
             adapter: req.adapter.clone(),
             sampler: Sampler::new(req.params.clone(), &req.prompt_ids),
             stream: StreamDecoder::new(),
@@ -52,7 +58,15 @@ impl LiveRequest {
     /// Samples the next token from `row` and runs it through EOS, penalties, detokenization
     /// and stop strings.
     pub fn on_logits(&mut self, tok: &Tokenizer, row: &[f32]) -> Result<TokenStep> {
-        let token = self.sampler.sample(row);
+        let token = match &mut self.constraint {
+            Some(c) => {
+                c.masked(row, &mut self.masked)?;
+                let t = self.sampler.sample(&self.masked);
+                c.accept(t)?;
+                t
+            }
+            None => self.sampler.sample(row),
+        };
         if !self.ignore_eos && tok.is_eos(token) {
             return Ok(TokenStep {
                 token,
@@ -69,13 +83,18 @@ impl LiveRequest {
             None => vec![],
         };
         let piece = self.stream.push(tok, token)?.unwrap_or_default();
-        let (text, hit) = self.stops.push(&piece);
+        let (mut text, hit) = self.stops.push(&piece);
+        // A grammar that allows nothing more ends the output (its text complete).
+        let done = self.constraint.as_ref().is_some_and(Constraint::is_done);
+        if done && !hit {
+            text.push_str(&self.flush(tok)?);
+        }
         Ok(TokenStep {
             token,
             text,
             tokens: vec![token],
             logprobs,
-            finish: hit.then_some(FinishReason::Stop),
+            finish: (hit || done).then_some(FinishReason::Stop),
         })
     }
 

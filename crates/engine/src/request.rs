@@ -23,6 +23,8 @@ pub struct GenerateRequest {
     /// The fine-tuned variant to run (`None`: the base model). The request holds it until it
     /// finishes, so unloading it elsewhere never changes this request's output.
     pub adapter: Option<Arc<LoraAdapter>>,
+    /// What the output must match (a JSON schema, a regex, ...); `None`: anything.
+    pub constraint: Option<crate::constrain::ConstraintSpec>,
 }
 
 /// One token's log-probability and its top alternatives.

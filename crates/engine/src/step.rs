@@ -164,13 +164,22 @@ impl<'e> StepEngine<'e> {
     pub fn submit(&mut self, id: u64, req: &GenerateRequest) -> Result<(), SubmitError> {
         req.validate()
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
+        let constraint = match &req.constraint {
+            None => None,
+            Some(spec) => Some(
+                self.engine
+                    .grammars()
+                    .and_then(|g| g.matcher(spec))
+                    .map_err(|e| SubmitError::Invalid(e.to_string()))?,
+            ),
+        };
         let r =
             Request::new(id, req.prompt_ids.clone(), req.max_tokens).with_priority(req.priority);
         self.sched.add_request(r).map_err(|e| match e {
             SchedError::QueueFull { .. } => SubmitError::Overloaded(e.to_string()),
             e => SubmitError::Invalid(e.to_string()),
         })?;
-        self.live.insert(id, LiveRequest::new(req));
+        self.live.insert(id, LiveRequest::new(req, constraint));
         Ok(())
     }
 

@@ -117,6 +117,14 @@ pub struct CommonParams {
     pub priority: Option<i64>,
     #[serde(default, deserialize_with = "null_is_default")]
     pub ignore_eos: bool,
+    /// OpenAI's `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+    pub response_format: Option<serde_json::Value>,
+    /// vLLM's names for the other constraints: a JSON schema, a regex, a choice of strings,
+    /// a grammar (Lark, llguidance's dialect).
+    pub guided_json: Option<serde_json::Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

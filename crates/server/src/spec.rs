@@ -4,6 +4,8 @@
 //! [`GenerateRequest::validate`]), the very check `tessera generate` runs, so the CLI and
 //! the server accept and refuse the same values.
 
+use serde_json::Value;
+use tessera_engine::constrain::ConstraintSpec;
 use tessera_engine::params::{self, IntRange};
 use tessera_engine::{GenerateRequest, SamplingParams};
 
@@ -106,6 +108,7 @@ pub fn validate(
         logprobs,
         priority,
         adapter: None,
+        constraint: constraint(c)?,
     };
     base.validate()?;
     Ok(GenSpec {
@@ -114,6 +117,64 @@ pub fn validate(
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
     })
+}
+
+/// The request's output constraint: `response_format` (OpenAI) or one of vLLM's
+/// `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`; at most one.
+fn constraint(c: &CommonParams) -> Result<Option<ConstraintSpec>, ApiError> {
+    let mut found: Vec<(&str, ConstraintSpec)> = Vec::new();
+    if let Some(rf) = &c.response_format {
+        let kind = rf.get("type").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "text" => {}
+            "json_object" => found.push(("response_format", ConstraintSpec::JsonObject)),
+            "json_schema" => {
+                let schema = rf
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .cloned()
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "response_format",
+                            "json_schema needs json_schema.schema (the JSON schema)",
+                        )
+                    })?;
+                found.push(("response_format", ConstraintSpec::JsonSchema(schema)));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!(
+                        "response_format type {} is not supported (text, json_object, json_schema)",
+                        tessera_core::untrusted::quote(other)
+                    ),
+                ))
+            }
+        }
+    }
+    if let Some(s) = &c.guided_json {
+        found.push(("guided_json", ConstraintSpec::JsonSchema(s.clone())));
+    }
+    if let Some(r) = &c.guided_regex {
+        found.push(("guided_regex", ConstraintSpec::Regex(r.clone())));
+    }
+    if let Some(ch) = &c.guided_choice {
+        found.push(("guided_choice", ConstraintSpec::Choice(ch.clone())));
+    }
+    if let Some(g) = &c.guided_grammar {
+        found.push(("guided_grammar", ConstraintSpec::Lark(g.clone())));
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop().map(|f| f.1)),
+        _ => Err(ApiError::invalid(
+            found[1].0,
+            format!(
+                "{} and {} both constrain the output: give one",
+                found[0].0, found[1].0
+            ),
+        )),
+    }
 }
 
 /// The top-logprobs count a chat request asks for: `top_logprobs` (default 0) when

@@ -179,3 +179,64 @@ fn bad_constraints_are_refused_naming_the_problem() {
     }
     assert_eq!(steps.num_live(), 0);
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+    /// The mask of a choice of strings allows only tokens whose text keeps the output a
+    /// prefix of some option, and EOS only where it is one (llguidance may also leave out
+    /// non-canonical spellings, e.g. "0" + "0" where the vocabulary has "00"), never nothing;
+    /// a random walk through the allowed tokens ends on an option.
+    #[test]
+    fn the_mask_of_a_choice_is_exactly_its_prefixes(
+        options in proptest::collection::vec("[a-z0-9 ]{1,9}", 1..5),
+        picks in proptest::collection::vec(0usize..10_000, 12),
+    ) {
+        let e = model_cached();
+        let vocab = e.model.config.vocab_size;
+        let texts: Vec<String> = (0..vocab as u32).map(|t| e.tokenizer.decode(&[t]).unwrap()).collect();
+        let special: Vec<bool> = (0..vocab as u32)
+            .map(|t| e.tokenizer.inner().id_to_token(t).is_some_and(|s| s.starts_with("<|")))
+            .collect();
+        let mut c = e.grammars().unwrap().matcher(&ConstraintSpec::Choice(options.clone())).unwrap();
+        let zeros = vec![0f32; vocab];
+        let mut out = Vec::new();
+        let mut text = String::new();
+        for &pick in &picks {
+            if c.is_done() {
+                break;
+            }
+            c.masked(&zeros, &mut out).unwrap();
+            let allowed: Vec<u32> = (0..vocab as u32).filter(|&t| out[t as usize] == 0.0).collect();
+            for t in 0..vocab as u32 {
+                let want = if e.tokenizer.is_eos(t) {
+                    options.contains(&text)
+                } else if special[t as usize] {
+                    false
+                } else {
+                    let next = format!("{text}{}", texts[t as usize]);
+                    !texts[t as usize].is_empty() && options.iter().any(|o| o.starts_with(&next))
+                };
+                proptest::prop_assert!(out[t as usize] != 0.0 || want,
+                    "token {} {:?} allowed after {:?} (options {:?})", t, texts[t as usize], text, options);
+            }
+            proptest::prop_assert!(!allowed.is_empty(), "nothing allowed after {:?}", text);
+            let t = allowed[pick % allowed.len()];
+            c.accept(t).unwrap();
+            if e.tokenizer.is_eos(t) {
+                break;
+            }
+            text.push_str(&texts[t as usize]);
+        }
+        proptest::prop_assert!(options.iter().any(|o| o.starts_with(&text)), "{:?} {:?}", text, options);
+        if c.is_done() {
+            proptest::prop_assert!(options.contains(&text), "ended on {:?} {:?}", text, options);
+        }
+    }
+}
+
+/// One tiny Llama 3 engine for the proptest's cases.
+fn model_cached() -> &'static Engine {
+    static E: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    E.get_or_init(|| model("llama3"))
+}

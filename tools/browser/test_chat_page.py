@@ -269,3 +269,29 @@ def test_chat_page_shows_errors(server, browser):
             assert content.get_attribute("textContent") == partial
             assert content.find_elements(By.CSS_SELECTOR, "*") == []
         drv.find_element(By.ID, "input").clear()
+
+
+def test_chat_page_json_mode(server, browser):
+    # The JSON switch holds the reply to a JSON object: the page's reply is what the API
+    # gives with response_format json_object, and it parses.
+    drv = browser
+    drv.get(server + "/")  # the key is still in localStorage
+    wait(drv, lambda d: d.find_element(By.ID, "model").get_attribute("data-loaded") == "true")
+    drv.find_element(By.ID, "new").click()
+    drv.find_element(By.CSS_SELECTOR, "#model option[value='smol']").click()
+    drv.find_element(By.CSS_SELECTOR, "#settings summary").click()
+    set_value(drv, "temperature", 0)
+    set_value(drv, "max_tokens", 60)
+    drv.find_element(By.ID, "json").click()
+    question = "Describe a cat as JSON."
+    send(drv, question)
+    reply = wait(drv, lambda d: (r := last_reply(d)).get_attribute("data-done") == "true" and r)
+    text = reply.find_element(By.CLASS_NAME, "content").get_attribute("textContent")
+    same = api(server, "/v1/chat/completions", {
+        "model": "smol", "messages": [{"role": "user", "content": question}],
+        "temperature": 0, "top_p": 1, "max_tokens": 60,
+        "response_format": {"type": "json_object"}})
+    assert text == same["choices"][0]["message"]["content"]
+    assert text.startswith("{"), text
+    if same["choices"][0]["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict), text

@@ -86,6 +86,7 @@ function requestBody(messages) {
   }
   const stop = stopSequences();
   if (stop.length) body.stop = stop;
+  if ($("json").checked) body.response_format = { type: "json_object" };
   return body;
 }
 

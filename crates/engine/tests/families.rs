@@ -23,6 +23,8 @@
 
 mod common;
 
+use common::golden::{chat_messages, floats, ids};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -33,7 +35,6 @@ use tessera_engine::{store, Engine, GenerateRequest, SamplingParams};
 use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_lora::LoraAdapter;
-use tessera_tokenizer::ChatMessage;
 
 /// Top-20 logits of the f32-computed tiny models (`|d| <= tol · max(|want|, 1)`).
 const F32_TOL: f64 = 1e-4;
@@ -51,30 +52,6 @@ fn golden(name: &str) -> Value {
     let p = root().join("tests/golden/families").join(name);
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn chat_messages(v: &Value) -> Option<Vec<ChatMessage>> {
-    v.as_array().map(|msgs| {
-        msgs.iter()
-            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect()
-    })
 }
 
 /// An engine on `files` with the context cut to `context` when given.

@@ -23,13 +23,15 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+mod common;
+
+use common::golden::{chat_messages, floats, ids};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tessera_engine::generate::generate;
 use tessera_engine::sampling::argmax;
 use tessera_engine::GenerateRequest;
 use tessera_engine::{store, Engine, SamplingParams};
-use tessera_tokenizer::ChatMessage;
 
 /// Relative tolerance of the last position's top-20 logits.
 const TOP20_REL_TOL: f64 = 1e-3;
@@ -46,22 +48,6 @@ fn golden(name: &str) -> Value {
         .join(name);
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not an array: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
 }
 
 fn sha256_file(path: &std::path::Path) -> String {
@@ -97,14 +83,6 @@ fn model_file(g: &Value, fetch_name: &str) -> Option<PathBuf> {
         path.display()
     );
     None
-}
-
-fn chat_messages(v: &Value) -> Option<Vec<ChatMessage>> {
-    v.as_array().map(|msgs| {
-        msgs.iter()
-            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect()
-    })
 }
 
 /// Checks one model against its golden; every mismatch is collected, with its figures, and

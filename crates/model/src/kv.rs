@@ -329,7 +329,7 @@ impl KvStorage {
     pub fn copy_block(&mut self, from: u32, to: u32) {
         let n = self.block_size * self.kv_dim;
         let (f, t) = (from as usize * n, to as usize * n);
-        let groups = self.window_layers.clone();
+        let groups = &self.window_layers;
         for (l, (k, v)) in self.k.iter_mut().zip(&mut self.v).enumerate() {
             if groups.get(l).copied().unwrap_or(false) {
                 continue;

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod golden;
 pub mod tiny;
 
 use tessera_engine::{

@@ -5,13 +5,20 @@
 //! -inf), and the sampled token is fed back to it. The mask lets EOS through only where the
 //! grammar can end, so a finished output always parses.
 //!
+//! The mask depends only on the grammar's state after the last accepted token, so the step
+//! engine computes it ahead ([`Constraint::prepare`]), on a helper thread while the step's
+//! forward runs; [`Constraint::masked`] then only applies it, or computes it there when none
+//! was prepared. It stays llguidance's bitset, applied to the logits a 32-token word at a time.
+//!
 //! The parser factory (the tokenizer's token trie) is built once per engine, on the first
 //! constrained request. Grammars are bounded: the limits below refuse a schema whose grammar
 //! would take too much time or memory to build or to step, with an error, never a hang.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::SimpleVob;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 use tessera_core::{Error, Result};
@@ -143,6 +150,7 @@ impl Grammars {
         Ok(Constraint {
             m,
             vocab: self.vocab,
+            next: None,
         })
     }
 }
@@ -151,24 +159,39 @@ impl Grammars {
 pub struct Constraint {
     m: Matcher,
     vocab: usize,
+    /// The mask for the next token, computed ahead by [`Constraint::prepare`]; cleared by
+    /// [`Constraint::accept`], which moves the grammar on.
+    next: Option<Result<SimpleVob>>,
 }
 
 impl Constraint {
-    /// `row` with every token the grammar does not allow next set to -inf, into `out`.
+    /// Computes the mask of the tokens the grammar allows next and keeps it (or its error)
+    /// for the next [`Constraint::masked`]. The step engine calls this while the forward runs.
+    pub fn prepare(&mut self) {
+        self.next = Some(self.compute());
+    }
+
+    /// The allowed tokens in the grammar's current state. A panic inside the grammar
+    /// engine is this request's error, like any other.
+    fn compute(&mut self) -> Result<SimpleVob> {
+        match catch_unwind(AssertUnwindSafe(|| self.m.compute_mask())) {
+            Ok(Ok(mask)) => Ok(mask),
+            Ok(Err(e)) => Err(Error::Other(format!("constraint: {e}"))),
+            Err(p) => Err(Error::Other(format!(
+                "constraint: computing the token mask panicked ({})",
+                crate::step::panic_message(&*p)
+            ))),
+        }
+    }
+
+    /// `row` with every token the grammar does not allow next set to -inf, into `out`: the
+    /// prepared mask, else one computed now.
     pub fn masked(&mut self, row: &[f32], out: &mut Vec<f32>) -> Result<()> {
-        let mask = self
-            .m
-            .compute_mask()
-            .map_err(|e| Error::Other(format!("constraint: {e}")))?;
-        out.clear();
-        out.extend(row.iter().enumerate().map(|(i, &x)| {
-            if i < self.vocab && mask.is_allowed(i as u32) {
-                x
-            } else {
-                f32::NEG_INFINITY
-            }
-        }));
-        if out.iter().all(|x| *x == f32::NEG_INFINITY) {
+        let mask = match self.next.take() {
+            Some(m) => m?,
+            None => self.compute()?,
+        };
+        if !apply_mask(&mask, row, self.vocab, out) {
             return Err(Error::Other(
                 "constraint: no token can continue the output".into(),
             ));
@@ -178,6 +201,7 @@ impl Constraint {
 
     /// Feeds the sampled `token` to the grammar.
     pub fn accept(&mut self, token: u32) -> Result<()> {
+        self.next = None;
         self.m
             .consume_token(token)
             .map_err(|e| Error::Other(format!("constraint: {e}")))
@@ -186,5 +210,141 @@ impl Constraint {
     /// Whether the grammar allows nothing more (the output is complete).
     pub fn is_done(&self) -> bool {
         self.m.is_stopped()
+    }
+
+    /// Puts the grammar engine in its error state, as a bug inside it would (tests).
+    #[cfg(test)]
+    pub(crate) fn break_for_test(&mut self) {
+        let _ = self.m.test_trigger_lexer_error();
+    }
+}
+
+/// `row` into `out` with the tokens not in `mask`, and those at or past `vocab`, at -inf;
+/// false if none is left. Goes a 32-token word of the bitset at a time: a word of zeros is a
+/// run of -inf, a full word a plain copy.
+fn apply_mask(mask: &SimpleVob, row: &[f32], vocab: usize, out: &mut Vec<f32>) -> bool {
+    out.clear();
+    out.resize(row.len(), f32::NEG_INFINITY);
+    let n = row.len().min(vocab).min(mask.len());
+    let mut any = false;
+    for (w, &bits) in mask.as_slice().iter().enumerate() {
+        let base = w * 32;
+        if base >= n {
+            break;
+        }
+        if bits == 0 {
+            continue;
+        }
+        let end = (base + 32).min(n);
+        if bits == u32::MAX {
+            out[base..end].copy_from_slice(&row[base..end]);
+            any = true;
+            continue;
+        }
+        let mut b = bits;
+        while b != 0 {
+            let i = base + b.trailing_zeros() as usize;
+            if i >= end {
+                break;
+            }
+            out[i] = row[i];
+            any = true;
+            b &= b - 1;
+        }
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Engine, GenerateRequest, RequestEvent, SamplingParams, StepEngine};
+    use proptest::prelude::*;
+    use tessera_scheduler::SchedulerConfig;
+
+    proptest! {
+        /// The word-wise mask equals the plain one: each token below `vocab` allowed by its
+        /// bit keeps its logit, every other is -inf.
+        #[test]
+        fn apply_mask_keeps_exactly_the_allowed_tokens(
+            bits in proptest::collection::vec(
+                prop_oneof![Just(0u32), Just(u32::MAX), any::<u32>()], 0..8),
+            len in 0usize..260,
+            vocab in 0usize..260,
+        ) {
+            let mut mask = SimpleVob::alloc(bits.len() * 32);
+            for (w, b) in bits.iter().enumerate() {
+                for j in 0..32 {
+                    mask.set(w * 32 + j, b >> j & 1 == 1);
+                }
+            }
+            let row: Vec<f32> = (0..len).map(|i| i as f32 - 100.0).collect();
+            let mut out = vec![7.0; 3];
+            let any = apply_mask(&mask, &row, vocab, &mut out);
+            let want: Vec<f32> = (0..len)
+                .map(|i| if i < vocab && i < mask.len() && mask.get(i) { row[i] } else { f32::NEG_INFINITY })
+                .collect();
+            prop_assert_eq!(&out, &want);
+            prop_assert_eq!(any, want.iter().any(|x| x.is_finite()));
+        }
+    }
+
+    /// A grammar engine that breaks in the middle of a request fails that request alone,
+    /// whether its mask was computed beside the forward or after it; the others finish.
+    #[test]
+    fn a_broken_grammar_fails_only_its_request() {
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/models/tiny-llama3.gguf"
+        );
+        let e = Engine::load(std::path::Path::new(p), 2).unwrap();
+        let schema = serde_json::json!({"type": "object",
+            "properties": {"a": {"type": "string", "maxLength": 8}},
+            "required": ["a"], "additionalProperties": false});
+        let specs = [
+            Some(ConstraintSpec::JsonSchema(schema)),
+            Some(ConstraintSpec::Regex("[a-z]{4,12}".into())),
+            None,
+        ];
+        for overlap in [true, false] {
+            let mut cfg = SchedulerConfig::new(64, crate::KV_BLOCK_SIZE);
+            cfg.max_model_len = 512;
+            let mut steps = StepEngine::new(&e, cfg).unwrap();
+            steps.overlap_masks(overlap);
+            for (id, spec) in specs.iter().enumerate() {
+                let req = GenerateRequest {
+                    prompt_ids: e.tokenizer.encode("Say something:").unwrap(),
+                    max_tokens: 30,
+                    params: SamplingParams::greedy(),
+                    constraint: spec.clone(),
+                    ..Default::default()
+                };
+                steps.submit(id as u64, &req).unwrap();
+            }
+            let mut failed = Vec::new();
+            let mut finished = Vec::new();
+            let mut n = 0;
+            while steps.has_work() {
+                n += 1;
+                if n == 3 {
+                    let c = steps.live_mut(1).unwrap().constraint_mut().unwrap();
+                    c.break_for_test();
+                }
+                let out = steps.step();
+                for (id, ev) in out.events {
+                    match ev {
+                        RequestEvent::Failed { message } => failed.push((id, message)),
+                        RequestEvent::Finished { .. } => finished.push(id),
+                        RequestEvent::Text { .. } => {}
+                    }
+                }
+                steps.check().unwrap();
+            }
+            assert_eq!(failed.len(), 1, "overlap {overlap}: {failed:?}");
+            assert_eq!(failed[0].0, 1);
+            assert!(failed[0].1.contains("constraint"), "{}", failed[0].1);
+            finished.sort();
+            assert_eq!(finished, [0, 2], "overlap {overlap}");
+        }
     }
 }

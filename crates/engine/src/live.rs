@@ -55,8 +55,14 @@ impl LiveRequest {
         }
     }
 
-    /// Samples the next token from `row` and runs it through EOS, penalties, detokenization
-    /// and stop strings.
+    /// The request's grammar, if it has one (the step engine prepares its mask ahead).
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut()
+    }
+
+    /// Samples the next token from `row` (masked by the request's grammar, with the mask
+    /// prepared ahead or computed here) and runs it through EOS, penalties, detokenization
+    /// and stop strings. An error is this request's alone.
     pub fn on_logits(&mut self, tok: &Tokenizer, row: &[f32]) -> Result<TokenStep> {
         let token = match &mut self.constraint {
             Some(c) => {

@@ -8,14 +8,20 @@
 //! When the scheduler fills steps by predicted time, each step's measured time refits the
 //! step cost ([`crate::step_fit::OnlineFit`]) before the next is scheduled.
 //!
-//! Faults stay with the requests they hit: an error or a panic anywhere in the forward or
-//! sampling fails the requests of that step (an error naming one sequence fails that one
-//! alone; the others are recomputed next step), frees their KV blocks, and leaves the engine
-//! ready for the next step.
+//! A constrained request's token mask depends only on its grammar's state, known before the
+//! forward: the masks of the step's constrained rows are computed on a helper thread while
+//! the forward runs, so sampling waits for one only when it is late ([`StepEngine::run_plan`]).
+//!
+//! Faults stay with the requests they hit: an error or a panic anywhere in the forward fails
+//! the requests of that step (an error naming one sequence fails that one alone; the others
+//! are recomputed next step), frees their KV blocks, and leaves the engine ready for the next
+//! step. An error in one request's sampling (its grammar's mask, detokenizing) fails that
+//! request alone, and the step goes on for the others.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::thread;
 use std::time::Instant;
 
 use tessera_core::{Error, Result};
@@ -25,6 +31,7 @@ use tessera_scheduler::{
     KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult, WindowGroup,
 };
 
+use crate::constrain::Constraint;
 use crate::live::LiveRequest;
 use crate::request::{FinishReason, GenerateRequest, RequestEvent, SubmitError};
 use crate::step_fit::OnlineFit;
@@ -76,6 +83,17 @@ pub struct StepEngine<'e> {
     live: HashMap<u64, LiveRequest>,
     /// The step cost refitted to measured steps, with a time budget.
     fit: Option<OnlineFit>,
+    /// Whether constrained rows' masks are computed while the forward runs (else after it,
+    /// row by row, as each is sampled).
+    overlap_masks: bool,
+}
+
+/// What [`StepEngine::run_plan`] did: the scheduler's result, the events, and the requests
+/// whose sampling failed (with why), which are not in the result.
+struct Ran {
+    result: StepResult,
+    events: Vec<(u64, RequestEvent)>,
+    failed: Vec<(u64, String)>,
 }
 
 impl<'e> StepEngine<'e> {
@@ -100,6 +118,7 @@ impl<'e> StepEngine<'e> {
             ws: (0..kv_len).map(|_| Workspace::new()).collect(),
             live: HashMap::new(),
             fit,
+            overlap_masks: true,
         })
     }
 
@@ -137,6 +156,12 @@ impl<'e> StepEngine<'e> {
             (true, Some(t)) => Some(self.fit.take().unwrap_or_else(|| OnlineFit::new(t.cost))),
             _ => None,
         };
+    }
+
+    /// Whether constrained rows' token masks are computed while the forward runs (on by
+    /// default); off, each is computed after the forward, when its row is sampled.
+    pub fn overlap_masks(&mut self, on: bool) {
+        self.overlap_masks = on;
     }
 
     /// The refitted step cost's factors on its fixed and its other parts, if it is refitted.
@@ -217,9 +242,18 @@ impl<'e> StepEngine<'e> {
         let run = catch_unwind(AssertUnwindSafe(|| self.run_plan(&plan)));
         out.forward_s = t0.elapsed().as_secs_f64();
         match run {
-            Ok(Ok((result, events))) => {
+            Ok(Ok(Ran {
+                result,
+                events,
+                failed,
+            })) => {
                 self.refit(&plan, out.forward_s);
                 out.events.extend(events);
+                // Before the update, which then leaves the failed requests' entries alone.
+                for (id, msg) in failed {
+                    tracing::warn!("step {}: request {id}: {msg}", plan.step);
+                    self.fail(id, &msg, &mut out);
+                }
                 match self.sched.update(&plan, &result) {
                     Ok(done) => {
                         for &(id, reason) in result.finished.iter().chain(&done) {
@@ -260,7 +294,7 @@ impl<'e> StepEngine<'e> {
 
     /// The forward over `plan` and sampling for every chunk that reached its end. Changes no
     /// scheduler state, so a failure can be undone by failing the plan's requests.
-    fn run_plan(&mut self, plan: &StepPlan) -> Result<(StepResult, Vec<(u64, RequestEvent)>)> {
+    fn run_plan(&mut self, plan: &StepPlan) -> Result<Ran> {
         // The step's adapter table: each distinct adapter of the plan gets a slot.
         let mut adapters: Vec<Arc<LoraAdapter>> = Vec::new();
         let mut seqs = Vec::with_capacity(plan.seqs.len());
@@ -314,9 +348,35 @@ impl<'e> StepEngine<'e> {
                 Some(Fault::Crash) | None => {}
             }
         }
-        let logits = engine.forward_ranks(&batch, &mut self.kv, &mut self.ws, &adapters)?;
+        // The masks of the rows that sample a token, computed on a thread of their own while
+        // this one runs the forward. A scoped thread per step rather than a persistent one:
+        // it borrows the grammars in place (no hand-over of the matchers, no channel), costs
+        // tens of microseconds against a forward of milliseconds, and exists only in steps
+        // with constrained rows. It computes the masks in plan order; the forward's end
+        // waits for it only if it is still at work. A mask's error or panic is kept in its
+        // request's `Constraint` and fails that request when its row is sampled; if the
+        // thread cannot start, each mask is computed then instead.
+        let ahead = if self.overlap_masks {
+            masks_to_prepare(plan, &mut self.live)
+        } else {
+            Vec::new()
+        };
+        let (kv, ws) = (&mut self.kv, &mut self.ws);
+        let logits = if ahead.is_empty() {
+            engine.forward_ranks(&batch, kv, ws, &adapters)?
+        } else {
+            thread::scope(|scope| {
+                let _ = thread::Builder::new()
+                    .name("tessera-mask".into())
+                    .spawn_scoped(scope, move || {
+                        ahead.into_iter().for_each(Constraint::prepare)
+                    });
+                engine.forward_ranks(&batch, kv, ws, &adapters)
+            })?
+        };
         let mut result = StepResult::default();
         let mut events = Vec::new();
+        let mut failed = Vec::new();
         let tok = &*engine.tokenizer;
         for (i, s) in plan.seqs.iter().enumerate() {
             if !s.wants_logits {
@@ -325,7 +385,13 @@ impl<'e> StepEngine<'e> {
             let (Some(row), Some(live)) = (logits.last_of(i), self.live.get_mut(&s.id)) else {
                 continue;
             };
-            let t = live.on_logits(tok, row)?;
+            let t = match live.on_logits(tok, row) {
+                Ok(t) => t,
+                Err(e) => {
+                    failed.push((s.id, format!("sampling the next token failed: {e}")));
+                    continue;
+                }
+            };
             result.sampled.push((s.id, t.token));
             if let Some(reason) = t.finish {
                 result.finished.push((s.id, reason));
@@ -341,7 +407,11 @@ impl<'e> StepEngine<'e> {
                 ));
             }
         }
-        Ok((result, events))
+        Ok(Ran {
+            result,
+            events,
+            failed,
+        })
     }
 
     /// Sends a request's last text (for `Length`: what the decoders held back) and its
@@ -401,10 +471,39 @@ impl<'e> StepEngine<'e> {
         }
     }
 
+    /// Live request `id`'s state (tests).
+    #[cfg(test)]
+    pub(crate) fn live_mut(&mut self, id: u64) -> Option<&mut LiveRequest> {
+        self.live.get_mut(&id)
+    }
+
     /// Consistency of the scheduler and its KV bookkeeping (tests).
     pub fn check(&self) -> Result<(), SchedError> {
         self.sched.check()
     }
+}
+
+/// The grammars of `plan`'s rows that sample a token this step, in plan order.
+fn masks_to_prepare<'a>(
+    plan: &StepPlan,
+    live: &'a mut HashMap<u64, LiveRequest>,
+) -> Vec<&'a mut Constraint> {
+    if !live.values_mut().any(|l| l.constraint_mut().is_some()) {
+        return Vec::new();
+    }
+    let order: HashMap<u64, usize> = plan
+        .seqs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.wants_logits)
+        .map(|(i, s)| (s.id, i))
+        .collect();
+    let mut ahead: Vec<(usize, &mut Constraint)> = live
+        .iter_mut()
+        .filter_map(|(id, l)| Some((*order.get(id)?, l.constraint_mut()?)))
+        .collect();
+    ahead.sort_unstable_by_key(|a| a.0);
+    ahead.into_iter().map(|a| a.1).collect()
 }
 
 /// The message of a caught panic.

@@ -199,7 +199,8 @@ pub enum BenchCommand {
         /// Prompts from a file, one per line, used in turn (instead of random words).
         #[arg(long)]
         prompt_file: Option<PathBuf>,
-        /// Output tokens per request (max_tokens with ignore_eos).
+        /// Output tokens per request (max_tokens with ignore_eos; with --response-format,
+        /// the most, without ignore_eos).
         #[arg(long, default_value_t = 64)]
         output_tokens: usize,
         /// Output tokens drawn uniformly from LO:HI (inclusive) instead.
@@ -207,6 +208,11 @@ pub enum BenchCommand {
         output_tokens_range: Option<String>,
         #[arg(long, default_value_t = 0.0)]
         temperature: f64,
+        /// A JSON file holding an OpenAI response_format object (json_object, or json_schema
+        /// with a schema), sent with every request; each output is checked against it
+        /// (valid / invalid / cut by max_tokens).
+        #[arg(long, value_name = "FILE.json")]
+        response_format: Option<PathBuf>,
         /// Time-to-first-token objective for goodput, in ms.
         #[arg(long, default_value_t = 1000.0)]
         slo_ttft_ms: f64,
@@ -443,6 +449,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             output_tokens,
             output_tokens_range,
             temperature,
+            response_format,
             slo_ttft_ms,
             slo_tpot_ms,
             timeout,
@@ -535,6 +542,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 plot,
                 seed,
                 adapters,
+                response_format,
             })
         }
         BenchCommand::MakeAdapters {

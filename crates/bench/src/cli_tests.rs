@@ -76,9 +76,11 @@ fn serve_defaults_and_modes() {
             temperature,
             slo_ttft_ms,
             slo_tpot_ms,
+            response_format,
             ..
         } => {
             assert_eq!(endpoint, Endpoint::Completions);
+            assert_eq!(response_format, None);
             assert_eq!((concurrency, rate, requests), (None, None, None));
             assert_eq!((prompt_tokens, output_tokens), (100, 64));
             assert_eq!(
@@ -98,15 +100,22 @@ fn serve_defaults_and_modes() {
         "--endpoint",
         "chat",
         "--plot",
+        "--response-format",
+        "docs/bench/schemas/person.json",
     ]);
     match c.cmd {
         BenchCommand::Serve {
             sweep,
             endpoint,
             plot,
+            response_format,
             ..
         } => {
             assert_eq!(sweep, Some(vec![1, 2, 4]));
+            assert_eq!(
+                response_format,
+                Some(PathBuf::from("docs/bench/schemas/person.json"))
+            );
             assert_eq!(endpoint, Endpoint::Chat);
             assert_eq!(plot, Some(PathBuf::from("bench-serve.svg")));
         }

@@ -2,7 +2,13 @@
 //! llama.cpp's llama-server, vLLM, ...).
 //!
 //! Every request streams (`stream: true`, `stream_options.include_usage: true`) and asks
-//! for exactly its output length (`max_tokens` with `ignore_eos: true`). From the
+//! for exactly its output length (`max_tokens` with `ignore_eos: true`), unless it sends a
+//! `response_format` (`--response-format`): then it sends no `ignore_eos`, its output ends
+//! when the grammar is complete (or at `max_tokens`), and the output is checked against the
+//! format. TPOT stays comparable with a run without the constraint, being a per-token
+//! figure; for a fair comparison that run should ask for about the constrained outputs' mean
+//! length, so that both decode as many tokens per request and prefill as often
+//! (`scripts/bench-structured.sh` does so). From the
 //! server-sent events it measures the time to the first non-empty content chunk (TTFT),
 //! the time per output token after the first (TPOT = (last − first token time) /
 //! (output tokens − 1)) and the end-to-end latency; output tokens are counted from the
@@ -21,6 +27,7 @@
 //! - [`sse`]: server-sent event parsing and the per-stream accumulator;
 //! - [`stats`]: percentiles, per-measurement figures and their report;
 //! - [`adapters`]: `--adapters`, requests spread over model names and per-name figures;
+//! - [`response_format`]: `--response-format`, the constraint sent and each output's check;
 //! - [`runner`]: the HTTP client, the load of one measurement and [`run_serve`];
 //! - [`long_prefill`]: `--scenario long-prefill`, a short request's TTFT while long prompts
 //!   prefill against the idle server's.
@@ -28,6 +35,7 @@
 pub mod adapters;
 pub mod long_prefill;
 pub mod requests;
+pub mod response_format;
 pub mod runner;
 pub mod sse;
 pub mod stats;
@@ -40,6 +48,7 @@ use clap::ValueEnum;
 
 pub use long_prefill::{run_long_prefill, LongPrefillConfig};
 pub use requests::*;
+pub use response_format::{ResponseFormat, Validity, Verdict};
 pub use runner::{base_url, run_serve};
 pub use sse::*;
 pub use stats::*;
@@ -163,6 +172,9 @@ pub struct ServeConfig {
     /// `adapters[i % len]`); the report adds figures per name. `None`: every request asks
     /// for `model`.
     pub adapters: Option<Vec<String>>,
+    /// `--response-format`: a JSON file holding an OpenAI `response_format` object, sent
+    /// with every request; each output is checked against it (see [`response_format`]).
+    pub response_format: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -174,6 +174,7 @@ mod tests {
                 output_tokens: tokens,
                 prompt_tokens: 5,
                 prompt_tokens_exact: true,
+                verdict: None,
             }),
         }
     }

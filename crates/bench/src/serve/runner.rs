@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::adapters::{self, adapter_for};
 use super::requests::{prompt_lines, request_body, Arrivals, ReqSpec, RequestGen};
+use super::response_format::{was_cut, ResponseFormat};
 use super::sse::{error_message, StreamAcc};
 use super::stats::{summarize, sweep_table, Outcome, Timing};
 use super::{Endpoint, Load, OutputLen, ServeConfig};
@@ -52,9 +53,17 @@ pub(super) struct Client {
     endpoint: Endpoint,
     temperature: f64,
     timeout: Duration,
+    /// `--response-format`: sent with every request, each output checked against it.
+    response_format: Option<Arc<ResponseFormat>>,
 }
 
 impl Client {
+    /// Sends `rf` with every request and checks each output against it.
+    pub(super) fn with_response_format(mut self, rf: Option<ResponseFormat>) -> Self {
+        self.response_format = rf.map(Arc::new);
+        self
+    }
+
     /// Sends one request and reads its stream to the end; never panics.
     pub(super) async fn send(&self, spec: &ReqSpec, t0: Instant) -> Outcome {
         let start = t0.elapsed().as_secs_f64();
@@ -78,13 +87,16 @@ impl Client {
             Some(names) => Some(adapter_for(names, spec.index)),
             None => self.model.as_deref(),
         };
-        let body = request_body(
+        let mut body = request_body(
             self.endpoint,
             model,
             &spec.prompt,
             spec.max_tokens,
             self.temperature,
         );
+        if let Some(rf) = &self.response_format {
+            rf.apply(&mut body, self.endpoint);
+        }
         let mut rb = self.http.post(&self.url).json(&body);
         if let Some(k) = &self.api_key {
             rb = rb.bearer_auth(k);
@@ -118,13 +130,19 @@ impl Client {
         let Some(ttft) = acc.first_token else {
             return Err("no content in the response stream".into());
         };
+        let output_tokens = acc.output_tokens();
+        let verdict = self.response_format.as_ref().map(|rf| {
+            let cut = was_cut(acc.finish_reason.as_deref(), output_tokens, spec.max_tokens);
+            rf.check(&acc.text, cut)
+        });
         Ok(Timing {
             ttft,
             tpot: acc.tpot(),
             e2e: end,
-            output_tokens: acc.output_tokens(),
+            output_tokens,
             prompt_tokens: acc.usage_prompt.unwrap_or(spec.prompt_tokens_est),
             prompt_tokens_exact: acc.usage_prompt.is_some(),
+            verdict,
         })
     }
 }
@@ -294,7 +312,12 @@ pub fn run_serve(cfg: &ServeConfig) -> Result<()> {
             None
         }
     };
-    runtime()?.block_on(run_async(cfg, file))
+    let response_format = cfg
+        .response_format
+        .as_deref()
+        .map(ResponseFormat::load)
+        .transpose()?;
+    runtime()?.block_on(run_async(cfg, file, response_format))
 }
 
 /// The client's runtime: up to 4 worker threads.
@@ -350,11 +373,16 @@ pub(super) async fn connect(
         endpoint,
         temperature,
         timeout,
+        response_format: None,
     };
     Ok((client, model))
 }
 
-async fn run_async(cfg: &ServeConfig, file: Option<Arc<Vec<String>>>) -> Result<()> {
+async fn run_async(
+    cfg: &ServeConfig,
+    file: Option<Arc<Vec<String>>>,
+    response_format: Option<ResponseFormat>,
+) -> Result<()> {
     let (client, model) = connect(
         &cfg.url,
         cfg.api_key.clone(),
@@ -365,7 +393,7 @@ async fn run_async(cfg: &ServeConfig, file: Option<Arc<Vec<String>>>) -> Result<
         cfg.timeout,
     )
     .await?;
-    let mut client = Some(client);
+    let mut client = Some(client.with_response_format(response_format));
 
     if cfg.warmup > 0 {
         let c = client.as_ref().ok_or_else(|| anyhow!("no client"))?;

@@ -1,6 +1,6 @@
 //! Reading a response stream: server-sent event lines, the completions and chat chunk
 //! shapes, OpenAI-style error bodies, and [`StreamAcc`], which turns the bytes of one
-//! stream into token timings and counts.
+//! stream into token timings and counts, the output text and its finish reason.
 
 use serde_json::Value;
 
@@ -44,8 +44,10 @@ pub fn parse_sse_line(line: &str) -> SseLine {
 /// What one stream chunk says.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChunkInfo {
-    /// Length of the first choice's content (`text` or `delta.content`).
-    pub content_len: usize,
+    /// The first choice's content (`text` or `delta.content`).
+    pub content: String,
+    /// The first choice's `finish_reason`, when not null.
+    pub finish_reason: Option<String>,
     pub completion_tokens: Option<usize>,
     pub prompt_tokens: Option<usize>,
     pub error: Option<String>,
@@ -72,7 +74,11 @@ pub fn chunk_info(v: &Value) -> ChunkInfo {
             .get("text")
             .and_then(Value::as_str)
             .or_else(|| c.pointer("/delta/content").and_then(Value::as_str));
-        info.content_len = text.map_or(0, str::len);
+        info.content = text.unwrap_or_default().to_string();
+        info.finish_reason = c
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(str::to_string);
     }
     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
         let n = |k: &str| u.get(k).and_then(Value::as_u64).map(|x| x as usize);
@@ -113,6 +119,10 @@ pub struct StreamAcc {
     pub content_chunks: usize,
     pub usage_completion: Option<usize>,
     pub usage_prompt: Option<usize>,
+    /// The content chunks concatenated.
+    pub text: String,
+    /// The last `finish_reason` the stream gave.
+    pub finish_reason: Option<String>,
     pub done: bool,
     pub error: Option<String>,
 }
@@ -152,10 +162,14 @@ impl StreamAcc {
                     self.error = Some(e);
                     return;
                 }
-                if info.content_len > 0 {
+                if !info.content.is_empty() {
                     self.content_chunks += 1;
                     self.first_token.get_or_insert(t);
                     self.last_token = Some(t);
+                    self.text.push_str(&info.content);
+                }
+                if info.finish_reason.is_some() {
+                    self.finish_reason = info.finish_reason;
                 }
                 if info.completion_tokens.is_some() {
                     self.usage_completion = info.completion_tokens;
@@ -212,22 +226,27 @@ mod tests {
     fn chunk_contents() {
         let c =
             chunk_info(&json!({"choices": [{"index": 0, "text": "Hi", "finish_reason": null}]}));
-        assert_eq!(c.content_len, 2);
+        assert_eq!((c.content.as_str(), c.finish_reason), ("Hi", None));
         let c = chunk_info(
             &json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "abc"}}]}),
         );
-        assert_eq!(c.content_len, 3);
+        assert_eq!(c.content, "abc");
         // Role-only and finish chunks carry no content.
         let c = chunk_info(&json!({"choices": [{"delta": {"role": "assistant"}}]}));
-        assert_eq!(c.content_len, 0);
-        let c = chunk_info(&json!({"choices": [{"delta": {"content": null}}]}));
-        assert_eq!(c.content_len, 0);
+        assert_eq!(c.content, "");
+        let c = chunk_info(
+            &json!({"choices": [{"delta": {"content": null}, "finish_reason": "length"}]}),
+        );
+        assert_eq!(
+            (c.content.as_str(), c.finish_reason.as_deref()),
+            ("", Some("length"))
+        );
         let c = chunk_info(
             &json!({"object": "usage", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}}),
         );
         assert_eq!((c.prompt_tokens, c.completion_tokens), (Some(7), Some(5)));
         let c = chunk_info(&json!({"choices": [{"text": "x"}], "usage": null}));
-        assert_eq!((c.content_len, c.completion_tokens), (1, None));
+        assert_eq!((c.content.as_str(), c.completion_tokens), ("x", None));
         let c = chunk_info(&json!({"error": {"message": "bad", "type": "server_error"}}));
         assert_eq!(c.error.as_deref(), Some("bad"));
     }
@@ -242,15 +261,23 @@ mod tests {
         a.feed(b"data: {\"choices\":[{\"text\":\"B\"}]}\n\n", 0.30);
         a.feed(b"data: {\"choices\":[{\"text\":\"C\"}]}\n\n", 0.50);
         assert_eq!(a.content_chunks, 3);
+        assert_eq!(a.text, "ABC");
         assert_eq!((a.first_token, a.last_token), (Some(0.20), Some(0.50)));
         assert_eq!(a.output_tokens(), 3);
         assert!((a.tpot().unwrap() - 0.15).abs() < 1e-12);
         // The usage chunk overrides the chunk count.
+        assert_eq!(a.finish_reason, None);
+        a.feed(
+            b"data: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"stop\"}]}\n\n",
+            0.55,
+        );
         a.feed(
             b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n",
             0.6,
         );
         assert!(a.done);
+        assert_eq!(a.finish_reason.as_deref(), Some("stop"));
+        assert_eq!(a.text, "ABC");
         assert_eq!(a.output_tokens(), 4);
         assert_eq!(a.usage_prompt, Some(9));
         assert!((a.tpot().unwrap() - 0.1).abs() < 1e-12);

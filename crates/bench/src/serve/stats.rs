@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use super::response_format::{Validity, Verdict};
 use super::{Endpoint, Load};
 
 /// The `p`-th percentile (0..=100) with linear interpolation between closest ranks (as
@@ -74,7 +75,7 @@ pub struct Outcome {
     pub result: std::result::Result<Timing, String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Timing {
     pub ttft: f64,
     /// `None` with a single output token.
@@ -84,6 +85,8 @@ pub struct Timing {
     pub prompt_tokens: usize,
     /// Whether `prompt_tokens` came from the server's usage (else it is an estimate).
     pub prompt_tokens_exact: bool,
+    /// The output against `--response-format` (`None` without one).
+    pub verdict: Option<Verdict>,
 }
 
 /// The figures of one measurement.
@@ -108,6 +111,8 @@ pub struct RunStats {
     pub slo_ttft_ms: f64,
     pub slo_tpot_ms: f64,
     pub first_error: Option<String>,
+    /// The outputs against `--response-format` (`None` without one).
+    pub validity: Option<Validity>,
 }
 
 /// Summarizes the outcomes of a measurement that lasted `duration_s`.
@@ -159,6 +164,7 @@ pub fn summarize(
         slo_ttft_ms,
         slo_tpot_ms,
         first_error,
+        validity: Validity::tally(ok.iter().copied()),
     }
 }
 
@@ -200,6 +206,10 @@ impl RunStats {
             "slo_met": self.slo_met,
             "goodput": num(self.goodput_req_per_s),
             "first_error": self.first_error,
+            "valid": self.validity.as_ref().map(|v| v.valid),
+            "invalid": self.validity.as_ref().map(|v| v.invalid),
+            "truncated": self.validity.as_ref().map(|v| v.truncated),
+            "first_invalid": self.validity.as_ref().and_then(|v| v.first_invalid.clone()),
         })
     }
 
@@ -267,6 +277,16 @@ impl RunStats {
             self.slo_ttft_ms,
             self.slo_tpot_ms
         ));
+        if let Some(v) = &self.validity {
+            s.push_str(&format!(
+                "{:<34}{}\n",
+                "Outputs vs response_format:",
+                v.line()
+            ));
+            if let Some(w) = &v.first_invalid {
+                s.push_str(&format!("{:<34}{w}\n", "First invalid output:"));
+            }
+        }
         if let Some(e) = &self.first_error {
             s.push_str(&format!("{:<34}{e}\n", "First error:"));
         }
@@ -300,6 +320,10 @@ pub fn sweep_table(runs: &[RunStats]) -> String {
         "e2e p99",
         "goodput"
     );
+    let checked = runs.iter().any(|r| r.validity.is_some());
+    if checked {
+        s.insert_str(s.len() - 1, &format!(" {:>7}", "valid%"));
+    }
     for r in runs {
         let conc = match r.load {
             Load::Concurrency(c) => c.to_string(),
@@ -319,6 +343,10 @@ pub fn sweep_table(runs: &[RunStats]) -> String {
             fmt1(r.e2e_ms.p99),
             r.goodput_req_per_s
         ));
+        if checked {
+            let pct = r.validity.as_ref().map_or(f64::NAN, Validity::percent);
+            s.insert_str(s.len() - 1, &format!(" {:>7}", fmt1(pct)));
+        }
     }
     s
 }
@@ -363,6 +391,7 @@ mod tests {
                 output_tokens: n,
                 prompt_tokens: 10,
                 prompt_tokens_exact: true,
+                verdict: None,
             })
         };
         let outcomes = vec![
@@ -415,7 +444,65 @@ mod tests {
         let e = summarize(Load::Concurrency(1), &outcomes[4..], 1.0, 1000.0, 100.0);
         assert_eq!(e.completed, 0);
         assert!(e.to_json(Endpoint::Chat, None)["ttft_ms"]["p50"].is_null());
-        assert!(sweep_table(&[s, e]).lines().count() == 3);
+        assert!(sweep_table(&[s.clone(), e]).lines().count() == 3);
         assert_eq!(per_request(&outcomes, |t| t.tpot).len(), 3);
+        // Without --response-format: no validity figures, null in JSON, no column.
+        assert_eq!(s.validity, None);
+        assert!(j["valid"].is_null() && j["truncated"].is_null());
+        assert!(!s.table(Endpoint::Chat, None).contains("valid:"));
+        assert!(!sweep_table(&[s]).contains("valid%"));
+    }
+
+    #[test]
+    fn validity_in_the_reports() {
+        let t = |verdict: Verdict| Outcome {
+            index: 0,
+            start: 0.0,
+            result: Ok(Timing {
+                ttft: 0.1,
+                tpot: Some(0.01),
+                e2e: 0.5,
+                output_tokens: 41,
+                prompt_tokens: 10,
+                prompt_tokens_exact: true,
+                verdict: Some(verdict),
+            }),
+        };
+        let mut outcomes = vec![
+            t(Verdict::Valid),
+            t(Verdict::Truncated),
+            t(Verdict::Valid),
+            t(Verdict::Invalid("schema: x".into())),
+            t(Verdict::Valid),
+        ];
+        // A failed request has no output to check: it is not counted.
+        outcomes.push(Outcome {
+            index: 5,
+            start: 0.0,
+            result: Err("HTTP 500".into()),
+        });
+        for (i, o) in outcomes.iter_mut().enumerate() {
+            o.index = i;
+        }
+        let s = summarize(Load::Concurrency(16), &outcomes, 1.0, 1000.0, 100.0);
+        let v = s.validity.clone().unwrap();
+        assert_eq!((v.checked, v.valid, v.invalid, v.truncated), (5, 3, 2, 1));
+        let j = s.to_json(Endpoint::Chat, Some("m"));
+        assert_eq!(
+            (j["valid"].as_u64(), j["invalid"].as_u64()),
+            (Some(3), Some(2))
+        );
+        assert_eq!(j["truncated"], 1);
+        assert_eq!(j["first_invalid"], "schema: x");
+        let table = s.table(Endpoint::Chat, Some("m"));
+        assert!(
+            table.contains("valid: 3/5 (60.0%); invalid 2, of which 1 cut by max_tokens"),
+            "{table}"
+        );
+        assert!(table.contains("First invalid output:") && table.contains("schema: x"));
+        let sweep = sweep_table(&[s.clone(), s]);
+        assert!(sweep
+            .lines()
+            .all(|l| l.ends_with("valid%") || l.ends_with("60.0")));
     }
 }

@@ -6,51 +6,20 @@ default model (fetched with pip into the user cache if missing) and stops it aft
 """
 
 import json
-import os
-import socket
-import subprocess
 import time
 import urllib.request
 
 import openai
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.path.join(ROOT, "target", "release", "tessera")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import run_server
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    proc = subprocess.Popen(
-        [BIN, "serve", "--port", str(port), "--served-model-name", "smol", "--max-num-seqs", "8",
-         "--max-model-len", "1024", "--kv-blocks", "512"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("tessera serve exited: " + proc.stderr.read())
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        raise RuntimeError("server did not come up")
-    yield base
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with run_server(["--served-model-name", "smol", "--max-num-seqs", "8",
+                     "--max-model-len", "1024", "--kv-blocks", "512"]) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +160,16 @@ def test_invalid_schemas_get_400(client):
                  {"response_format": {"type": "xml"}}]:
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model="smol", prompt="x", max_tokens=4, extra_body=body)
+
+
+def test_tools_need_a_template_that_takes_them(client):
+    # SmolLM2's template has no tools: a request with tools gets a 400 naming them, unless
+    # it turns them off.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],
+                                       tools=tools, max_tokens=4)
+    assert "tools" in str(e.value)
+    r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],
+                                       tools=tools, tool_choice="none", max_tokens=4)
+    assert r.choices[0].message.tool_calls is None

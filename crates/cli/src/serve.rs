@@ -95,6 +95,16 @@ pub struct ServeArgs {
     /// max_tokens when a request does not say.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
+    /// How the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), llama3_json,
+    /// mistral, or none. Default: read off the chat template.
+    #[arg(long, value_name = "NAME")]
+    pub tool_call_parser: Option<String>,
+    /// How the model marks its reasoning, split into `reasoning_content`: qwen3,
+    /// deepseek_r1 (and the other names of the reasoning-parser crate), or none. Default:
+    /// qwen3 when the chat template thinks in <think>, deepseek_r1 when its generation
+    /// prompt opens <think>.
+    #[arg(long, value_name = "NAME")]
+    pub reasoning_parser: Option<String>,
     /// Parse special tokens (`<|im_end|>`...) written inside chat messages as control
     /// tokens. Off by default: message contents are text, so a user cannot close their
     /// turn or open a system one. Raw completions always parse them.
@@ -168,6 +178,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv_memory_mb,
         max_waiting,
         default_max_tokens,
+        tool_call_parser,
+        reasoning_parser,
         max_loras,
         lora_batching,
         allow_special_tokens_in_chat,
@@ -287,6 +299,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         loras,
         max_loras,
         http,
+        tool_parser: tool_call_parser,
+        reasoning_parser,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -156,6 +156,12 @@ pub struct ContentPart {
 pub struct Message {
     pub role: String,
     pub content: Option<MessageContent>,
+    /// An assistant turn's calls: `[{"id", "type": "function", "function": {"name",
+    /// "arguments": "<JSON text>"}}]`.
+    pub tool_calls: Option<Value>,
+    /// A `tool` turn's answer to this call.
+    pub tool_call_id: Option<String>,
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -164,6 +170,13 @@ pub struct ChatRequest {
     #[serde(default, deserialize_with = "null_is_default")]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
+    /// Functions the model may call, `tool_choice` and `parallel_tool_calls` as OpenAI has
+    /// them ([`crate::tools`]).
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    /// Extra variables for the chat template (vLLM's name), e.g. `{"enable_thinking": false}`.
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(flatten)]
     pub common: CommonParams,
 }
@@ -186,6 +199,36 @@ pub fn message_text(m: &Message) -> Result<String, ApiError> {
             Ok(s)
         }
     }
+}
+
+/// A message as the chat template gets it: an assistant turn's call arguments parsed from
+/// their JSON text into objects, as Hugging Face templates expect them (a text that is not
+/// JSON is passed as it is).
+pub fn template_message(m: &Message) -> Result<tessera_tokenizer::ChatMessage, ApiError> {
+    let mut out = tessera_tokenizer::ChatMessage::new(&m.role, &message_text(m)?);
+    if let Some(calls) = &m.tool_calls {
+        let Value::Array(list) = calls else {
+            return Err(ApiError::invalid("messages", "tool_calls must be a list"));
+        };
+        let mut calls = list.clone();
+        for c in &mut calls {
+            let f = c.get_mut("function").filter(|f| f.is_object()).ok_or_else(|| {
+                ApiError::invalid(
+                    "messages",
+                    "each of tool_calls needs a \"function\" object with a name and arguments",
+                )
+            })?;
+            if let Some(Value::String(text)) = f.get("arguments") {
+                if let Ok(v) = serde_json::from_str::<Value>(text) {
+                    f["arguments"] = v;
+                }
+            }
+        }
+        out.tool_calls = Some(Value::Array(calls));
+    }
+    out.tool_call_id = m.tool_call_id.clone();
+    out.name = m.name.clone();
+    Ok(out)
 }
 
 pub fn usage(prompt: usize, completion: usize) -> Value {

@@ -8,6 +8,7 @@
 pub mod adapters;
 pub mod admission;
 pub mod api;
+pub mod chat_output;
 pub mod chat_page;
 pub mod conn;
 pub mod engine_loop;
@@ -15,6 +16,7 @@ pub mod http;
 pub mod metrics;
 pub mod spec;
 pub mod text;
+pub mod tools;
 pub mod tokenize;
 
 use std::future::Future;
@@ -38,6 +40,10 @@ pub struct ServeOptions {
     /// Most adapters resident at once (least recently used evicted beyond).
     pub max_loras: usize,
     pub http: HttpOptions,
+    /// `--tool-call-parser` and `--reasoning-parser`: `None` reads them off the chat
+    /// template, `"none"` turns one off.
+    pub tool_parser: Option<String>,
+    pub reasoning_parser: Option<String>,
 }
 
 /// Limits on what clients may send and how slowly.
@@ -105,6 +111,12 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;
     let tokenizer = engine.tokenizer.clone();
+    let output = chat_output::OutputParsers::resolve(
+        opts.tool_parser.as_deref(),
+        opts.reasoning_parser.as_deref(),
+        &tokenizer,
+    )
+    .map_err(anyhow::Error::msg)?;
     let adapters = Arc::new(adapters::AdapterRegistry::new(
         engine.config.clone(),
         &opts.model_name,
@@ -134,6 +146,7 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         max_body_bytes: opts.http.max_body_bytes,
         body_timeout: opts.http.body_timeout,
         metrics_require_key: opts.http.metrics_require_key,
+        output,
     });
     // The chat page at `/` sits outside the API routes (and their key check).
     Ok(http::router(state).merge(chat_page::router()))

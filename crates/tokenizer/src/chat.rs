@@ -15,14 +15,26 @@
 //! with itself in a loop can still build a large value in few instructions before its
 //! output is written.
 
-use minijinja::{Environment, ErrorKind, Value};
+use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tessera_core::{Result, TemplateError, TemplateLimit};
 
+/// One turn of a conversation as chat templates read it. The tool fields are those of the
+/// OpenAI messages that Hugging Face templates take: an assistant turn's `tool_calls`
+/// (`[{"id", "type": "function", "function": {"name", "arguments": {...}}}]`, arguments as a
+/// JSON object), and a `tool` turn's `tool_call_id` and `name`. Absent fields are undefined
+/// to the template, as in transformers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -30,7 +42,40 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
+    }
+
+    /// Bytes of text the message gives the template (for the render's bounds).
+    fn text_len(&self) -> usize {
+        self.role.len()
+            + self.content.len()
+            + self.tool_calls.as_ref().map_or(0, json_len)
+            + self.tool_call_id.as_ref().map_or(0, String::len)
+            + self.name.as_ref().map_or(0, String::len)
+    }
+}
+
+fn json_len(v: &Value) -> usize {
+    serde_json::to_string(v).map_or(0, |s| s.len())
+}
+
+/// What a chat template gets besides the messages: the request's tool definitions
+/// (`tools`, OpenAI's list of `{"type": "function", "function": {...}}`) and extra template
+/// variables (`chat_template_kwargs`, e.g. Qwen3's `enable_thinking`). A kwarg never
+/// replaces the variables the renderer sets itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatExtras {
+    pub tools: Option<Value>,
+    pub kwargs: serde_json::Map<String, Value>,
+}
+
+impl ChatExtras {
+    fn text_len(&self) -> usize {
+        self.tools.as_ref().map_or(0, json_len)
+            + self.kwargs.iter().map(|(k, v)| k.len() + json_len(v)).sum::<usize>()
     }
 }
 
@@ -79,6 +124,85 @@ fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error>
     Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
 }
 
+/// transformers' `tojson`: Python's `json.dumps(x, ensure_ascii=False)` with its `indent`
+/// and `sort_keys` options. minijinja's own filter writes compact, HTML-escaped JSON
+/// (`\u003c` for `<`), which would change the prompts that templates build from tool
+/// definitions and call arguments.
+fn tojson(
+    value: minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<String, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let bad = |e: serde_json::Error| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string());
+    let mut v = serde_json::to_value(&value).map_err(bad)?;
+    if sort_keys == Some(true) {
+        sort(&mut v);
+    }
+    let mut out = Vec::new();
+    match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let f = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            serde::Serialize::serialize(&v, &mut serde_json::Serializer::with_formatter(&mut out, f))
+        }
+        None => serde::Serialize::serialize(
+            &v,
+            &mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter),
+        ),
+    }
+    .map_err(bad)?;
+    String::from_utf8(out).map_err(|e| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string()))
+}
+
+fn sort(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            let mut entries: Vec<(String, Value)> = std::mem::take(o).into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (k, mut x) in entries {
+                sort(&mut x);
+                o.insert(k, x);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(sort),
+        _ => {}
+    }
+}
+
+/// Python's default JSON separators: `", "` between items, `": "` after keys.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
 /// Rendered text, refusing to grow past `max` bytes.
 struct BoundedOutput {
     buf: Vec<u8>,
@@ -115,6 +239,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_recursion_limit(limits.recursion);
@@ -141,11 +266,19 @@ impl ChatTemplate {
     /// Renders `messages`; fails with a [`TemplateError`] (inside the crate's error) when
     /// the template refuses them, fails, or runs past a bound.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, &ChatExtras::default())
+    }
+
+    /// Renders `messages` with `extras` (tools, template kwargs) in the template's context.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extras: &ChatExtras,
+    ) -> Result<String> {
         let l = &self.limits;
-        let input: usize = messages
-            .iter()
-            .map(|m| m.role.len() + m.content.len())
-            .sum();
+        let input: usize =
+            messages.iter().map(ChatMessage::text_len).sum::<usize>() + extras.text_len();
         let fuel = l
             .fuel
             .saturating_add(l.fuel_per_message.saturating_mul(messages.len() as u64));
@@ -166,10 +299,12 @@ impl ChatTemplate {
         RAISED.with(|r| r.borrow_mut().take());
         let result = tmpl.render_captured_to(
             minijinja::context! {
-                messages => Value::from_serialize(messages),
+                messages => minijinja::Value::from_serialize(messages),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.clone(),
                 eos_token => self.eos_token.clone(),
+                tools => extras.tools.as_ref().map(minijinja::Value::from_serialize),
+                ..minijinja::Value::from_serialize(&extras.kwargs)
             },
             &mut out,
         );
@@ -227,6 +362,29 @@ mod tests {
             Err(Error::ChatTemplate(e)) => e,
             other => panic!("expected a template error, got {other:?}"),
         }
+    }
+
+    /// `tojson` as transformers has it (Python's json.dumps with ensure_ascii=False).
+    #[test]
+    fn tojson_writes_python_json() {
+        let render = |src: &str| {
+            ChatTemplate::new(src, "", "")
+                .unwrap()
+                .render(&[], false)
+                .unwrap()
+        };
+        assert_eq!(
+            render("{{ {'b': 1, 'a': [1, 'é<&>', none, true]} | tojson }}"),
+            r#"{"b": 1, "a": [1, "é<&>", null, true]}"#
+        );
+        assert_eq!(
+            render("{{ {'b': {'d': 1, 'c': 2}, 'a': 0} | tojson(sort_keys=true) }}"),
+            r#"{"a": 0, "b": {"c": 2, "d": 1}}"#
+        );
+        assert_eq!(
+            render("{{ {'a': [1]} | tojson(indent=2) }}"),
+            "{\n  \"a\": [\n    1\n  ]\n}"
+        );
     }
 
     fn hostile(src: &str) -> TemplateError {

@@ -32,7 +32,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use aho_corasick::{AhoCorasick, MatchKind};
 use tessera_core::{Error, Result};
 
-use crate::ChatMessage;
+use serde_json::Value;
+
+use crate::{ChatExtras, ChatMessage};
 
 /// The special tokens of a vocabulary, as text to find in messages.
 pub(crate) struct Specials {
@@ -183,28 +185,93 @@ fn longest_fragment(
     })
 }
 
-/// `messages` with their special-token text replaced by sentinels, and the sentinels;
-/// `also_avoid` are other texts the template can emit (its source, BOS, EOS).
+/// `messages` and `extras` (tool definitions, template kwargs) with their special-token
+/// text replaced by sentinels, and the sentinels; `also_avoid` are other texts the template
+/// can emit (its source, BOS, EOS).
 pub(crate) fn neutralise_messages(
     messages: &[ChatMessage],
+    extras: &ChatExtras,
     sp: &Specials,
     also_avoid: &[&str],
-) -> Result<(Vec<ChatMessage>, Sentinels)> {
-    let texts = messages
-        .iter()
-        .flat_map(|m| [m.role.as_str(), m.content.as_str()])
-        .chain(also_avoid.iter().copied());
+) -> Result<(Vec<ChatMessage>, ChatExtras, Sentinels)> {
+    let mut texts: Vec<&str> = also_avoid.to_vec();
+    for m in messages {
+        texts.extend([m.role.as_str(), m.content.as_str()]);
+        texts.extend(m.tool_call_id.as_deref());
+        texts.extend(m.name.as_deref());
+        if let Some(v) = &m.tool_calls {
+            strings_of(v, &mut texts);
+        }
+    }
+    if let Some(v) = &extras.tools {
+        strings_of(v, &mut texts);
+    }
+    for (k, v) in &extras.kwargs {
+        texts.push(k);
+        strings_of(v, &mut texts);
+    }
     let mut sent = Sentinels::new(texts);
-    let out = messages
-        .iter()
-        .map(|m| {
-            Ok(ChatMessage {
-                role: neutralise(&m.role, sp, &mut sent)?,
-                content: neutralise(&m.content, sp, &mut sent)?,
-            })
-        })
-        .collect::<Result<_>>()?;
-    Ok((out, sent))
+    let opt = |s: &Option<String>, sent: &mut Sentinels| -> Result<Option<String>> {
+        s.as_deref().map(|s| neutralise(s, sp, sent)).transpose()
+    };
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        out.push(ChatMessage {
+            role: neutralise(&m.role, sp, &mut sent)?,
+            content: neutralise(&m.content, sp, &mut sent)?,
+            tool_calls: m
+                .tool_calls
+                .as_ref()
+                .map(|v| neutralise_value(v, sp, &mut sent))
+                .transpose()?,
+            tool_call_id: opt(&m.tool_call_id, &mut sent)?,
+            name: opt(&m.name, &mut sent)?,
+        });
+    }
+    let extras = ChatExtras {
+        tools: extras
+            .tools
+            .as_ref()
+            .map(|v| neutralise_value(v, sp, &mut sent))
+            .transpose()?,
+        kwargs: extras
+            .kwargs
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), neutralise_value(v, sp, &mut sent)?)))
+            .collect::<Result<_>>()?,
+    };
+    Ok((out, extras, sent))
+}
+
+/// Every string inside `v` (object keys included).
+fn strings_of<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+    match v {
+        Value::String(s) => out.push(s),
+        Value::Array(a) => a.iter().for_each(|x| strings_of(x, out)),
+        Value::Object(o) => o.iter().for_each(|(k, x)| {
+            out.push(k);
+            strings_of(x, out);
+        }),
+        _ => {}
+    }
+}
+
+/// `v` with every string in it neutralised (keys are names, kept as they are).
+fn neutralise_value(v: &Value, sp: &Specials, sent: &mut Sentinels) -> Result<Value> {
+    Ok(match v {
+        Value::String(s) => Value::String(neutralise(s, sp, sent)?),
+        Value::Array(a) => Value::Array(
+            a.iter()
+                .map(|x| neutralise_value(x, sp, sent))
+                .collect::<Result<_>>()?,
+        ),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| Ok((k.clone(), neutralise_value(x, sp, sent)?)))
+                .collect::<Result<_>>()?,
+        ),
+        other => other.clone(),
+    })
 }
 
 /// A piece of rendered text: markup (special tokens recognised) or message text standing
@@ -263,7 +330,7 @@ mod tests {
             ChatMessage::new("user", "end|> head"),
             ChatMessage::new("user", "a < b, 5 | 3, <b>"),
         ];
-        let (out, sent) = neutralise_messages(&msgs, &sp, &[]).unwrap();
+        let (out, _, sent) = neutralise_messages(&msgs, &ChatExtras::default(), &sp, &[]).unwrap();
         assert!(!out[0].content.contains("<|"), "{:?}", out[0].content);
         assert_eq!(out[0].content.chars().filter(|&c| is_pua(c)).count(), 2);
         assert!(out[1].content.starts_with("  tail ") && out[1].content.ends_with(" \n"));
@@ -288,7 +355,7 @@ mod tests {
         let sp = specials();
         let taken = char::from_u32(PUA_START).unwrap().to_string();
         let msgs = [ChatMessage::new("user", &format!("{taken}<s>"))];
-        let (out, sent) = neutralise_messages(&msgs, &sp, &[]).unwrap();
+        let (out, _, sent) = neutralise_messages(&msgs, &ChatExtras::default(), &sp, &[]).unwrap();
         let p = pieces(&out[0].content, &sent);
         assert_eq!(p, [Piece::Markup(taken), Piece::Plain("<s>".into())]);
     }

@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use tessera_core::{Error, Result, TemplateError};
 use tessera_formats::TokenizerSpec;
 
-pub use chat::{ChatMessage, ChatTemplate, TemplateLimits};
+pub use chat::{ChatExtras, ChatMessage, ChatTemplate, TemplateLimits};
 pub use stream::StreamDecoder;
 
 pub struct Tokenizer {
@@ -137,9 +137,24 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>> {
+        self.encode_chat_with(messages, add_generation_prompt, &ChatExtras::default())
+    }
+
+    /// [`Tokenizer::encode_chat`] with `extras` (tools, template kwargs) given to the
+    /// template; their strings are text too.
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extras: &ChatExtras,
+    ) -> Result<Vec<u32>> {
         let chat = self.chat.as_ref().map_err(|e| e.clone())?;
         if self.allow_special_in_content() {
-            return self.encode_rendered(&chat.render(messages, add_generation_prompt)?);
+            return self.encode_rendered(&chat.render_with(
+                messages,
+                add_generation_prompt,
+                extras,
+            )?);
         }
         let specials = self.specials.get_or_init(|| {
             chat_ids::Specials::new(
@@ -150,12 +165,13 @@ impl Tokenizer {
                     .map(|t| t.content),
             )
         });
-        let (safe, sentinels) = chat_ids::neutralise_messages(
+        let (safe, safe_extras, sentinels) = chat_ids::neutralise_messages(
             messages,
+            extras,
             specials,
             &[&self.chat_source, chat.bos_token(), chat.eos_token()],
         )?;
-        let text = chat.render(&safe, add_generation_prompt)?;
+        let text = chat.render_with(&safe, add_generation_prompt, &safe_extras)?;
         if sentinels.is_empty() {
             return self.encode_rendered(&text);
         }
@@ -234,8 +250,32 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with(messages, add_generation_prompt, &ChatExtras::default())
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with `extras` (tools, template kwargs).
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        extras: &ChatExtras,
+    ) -> Result<String> {
         let chat = self.chat.as_ref().map_err(|e| e.clone())?;
-        chat.render(messages, add_generation_prompt)
+        chat.render_with(messages, add_generation_prompt, extras)
+    }
+
+    /// The id of the added token (special or not) written `text`, if the vocabulary has one.
+    pub fn added_token_id(&self, text: &str) -> Option<u32> {
+        self.inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .find(|(_, t)| t.content == text)
+            .map(|(id, _)| id)
+    }
+
+    /// The chat template's source ("" when the model has none).
+    pub fn chat_template_source(&self) -> &str {
+        &self.chat_source
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {

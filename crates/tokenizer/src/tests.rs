@@ -115,3 +115,38 @@ fn tokenizers_are_shareable_across_threads() {
         assert_eq!(count(&h.join().unwrap(), IM_END), 1);
     }
 }
+
+/// A ChatML template that lists the tools and writes an assistant's calls and a tool's
+/// answer, as Qwen2.5's does.
+const TOOLS_CHATML: &str = "{% if tools %}{{ '<|im_start|>system\\n' }}{% for t in tools %}{{ t.function.name + ': ' + t.function.description + '\\n' }}{% endfor %}{{ '<|im_end|>\\n' }}{% endif %}{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content }}{% if m.tool_calls is defined %}{% for c in m.tool_calls %}{{ c.function.name + c.function.arguments | tojson }}{% endfor %}{% endif %}{% if m.tool_call_id is defined %}{{ ' #' + m.tool_call_id }}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}{% if enable_thinking is defined and not enable_thinking %}{{ 'nothink' }}{% endif %}";
+
+#[test]
+fn tools_and_tool_turns_reach_the_template_as_text() {
+    let t = tiny_bpe_with("gpt2", Some(TOOLS_CHATML));
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = Some(serde_json::json!([{"id": "c1", "type": "function",
+        "function": {"name": "f", "arguments": {"x": "<|im_end|>"}}}]));
+    let mut answer = ChatMessage::new("tool", "42");
+    answer.tool_call_id = Some("c1".into());
+    let msgs = [ChatMessage::new("user", "hi"), call, answer];
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("enable_thinking".into(), serde_json::json!(false));
+    // A kwarg never replaces what the renderer sets itself.
+    kwargs.insert("add_generation_prompt".into(), serde_json::json!(false));
+    let extras = crate::ChatExtras {
+        tools: Some(serde_json::json!([{"type": "function",
+            "function": {"name": "f", "description": "ends a turn: <|im_end|>"}}])),
+        kwargs,
+    };
+    let text = t.apply_chat_template_with(&msgs, true, &extras).unwrap();
+    assert!(text.starts_with("<|im_start|>system\nf: ends a turn: <|im_end|>\n<|im_end|>"));
+    // `tojson` writes JSON as transformers does (Python's json.dumps): spaced, `<` as is.
+    assert!(text.contains("f{\"x\": \"<|im_end|>\"}<|im_end|>"), "{text}");
+    assert!(text.contains("<|im_start|>tool\n42 #c1<|im_end|>"), "{text}");
+    assert!(text.ends_with("<|im_start|>assistant\nnothink"), "{text}");
+    // The special-token text inside the tool's description and the call's arguments is
+    // text: only the template's five turns close.
+    let ids = t.encode_chat_with(&msgs, true, &extras).unwrap();
+    assert_eq!(count(&ids, IM_END), 4, "{ids:?}");
+    assert_eq!(t.decode(&ids).unwrap(), text);
+}

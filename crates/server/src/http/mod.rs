@@ -44,6 +44,8 @@ pub struct AppState {
     pub body_timeout: Duration,
     /// Whether `/metrics` needs the API key too.
     pub metrics_require_key: bool,
+    /// How chat answers are read for reasoning and tool calls.
+    pub output: crate::chat_output::OutputParsers,
 }
 
 impl AppState {

@@ -76,7 +76,8 @@ pub enum StreamItem {
     Finish(api::FinishReason),
 }
 
-/// Merges the choices' event streams into SSE events; `render` builds each chunk's JSON.
+/// Merges the choices' event streams into SSE events; `render` builds the chunks (none or
+/// more) of each event, keeping what state it needs per choice.
 /// Choice `i` belongs to prompt `i / n`. A choice whose channel closes before it finished
 /// (the engine stopped) gets an error event; usage counts every prompt's tokens once.
 /// Dropping the stream (client gone) drops the submissions, which abort their requests.
@@ -85,7 +86,7 @@ pub fn sse_stream(
     subs: Vec<Submission>,
     n: usize,
     include_usage: bool,
-    render: impl Fn(usize, StreamItem) -> Option<Value> + Send + 'static,
+    mut render: impl FnMut(usize, StreamItem) -> Vec<Value> + Send + 'static,
     with_logprobs: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
     let merged = stream::select_all(subs.into_iter().enumerate().map(|(i, sub)| {
@@ -107,8 +108,8 @@ pub fn sse_stream(
     let usage = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
     let tail_usage = usage.clone();
     let n = n.max(1);
-    let body = merged.filter_map(move |(i, ev)| {
-        let item = match ev {
+    let body = merged.flat_map(move |(i, ev)| {
+        let items = match ev {
             Some(Event::Text { text, logprobs, .. }) => render(
                 i,
                 StreamItem::Delta {
@@ -128,10 +129,14 @@ pub fn sse_stream(
                 u.1 += completion_tokens;
                 render(i, StreamItem::Finish(reason))
             }
-            Some(Event::Failed { message }) => Some(error_chunk(&message)),
-            None => Some(error_chunk(&engine_gone(&state).message)),
+            Some(Event::Failed { message }) => vec![error_chunk(&message)],
+            None => vec![error_chunk(&engine_gone(&state).message)],
         };
-        std::future::ready(item.map(|v| Ok(SseEvent::default().data(v.to_string()))))
+        stream::iter(
+            items
+                .into_iter()
+                .map(|v| Ok(SseEvent::default().data(v.to_string()))),
+        )
     });
     let tail = stream::once(async move { *tail_usage.lock().unwrap_or_else(|e| e.into_inner()) })
         .flat_map(move |(p, c)| {

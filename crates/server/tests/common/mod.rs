@@ -62,6 +62,8 @@ pub async fn start_opts(engine: Engine, edit: impl FnOnce(&mut ServeOptions)) ->
         loras: vec![],
         max_loras: 4,
         http: Default::default(),
+        tool_parser: None,
+        reasoning_parser: None,
     };
     edit(&mut opts);
     let router = tessera_server::app(engine, &opts).unwrap();

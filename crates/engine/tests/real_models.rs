@@ -294,3 +294,29 @@ fn qwen2_5_coder_0_5b_q4_k_m_matches_transformers() {
 fn qwen2_5_coder_1_5b_q4_k_m_matches_transformers() {
     check_model("qwen2.5-coder-1.5b-q4_k_m.json", "qwen2.5-coder-1.5b");
 }
+
+/// Chat prompts with tools, an assistant's calls and tool results: the GGUF's own template
+/// (Qwen2.5's) rendered with the same `tools` and messages as transformers renders them,
+/// text and ids (tools/reference/make_tools_chat_golden.py).
+#[test]
+fn qwen_tool_prompts_match_transformers() {
+    let g = golden("chat_tools/qwen2.5-coder-0.5b.json");
+    let Some(path) = model_file(&g, "qwen2.5-coder-0.5b") else {
+        return;
+    };
+    let files = tessera_formats::load_model(&path).unwrap();
+    let tok = tessera_tokenizer::Tokenizer::from_spec(&files.tokenizer).unwrap();
+    let extras = tessera_tokenizer::ChatExtras {
+        tools: Some(g["tools"].clone()),
+        kwargs: Default::default(),
+    };
+    for case in g["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let msgs: Vec<tessera_tokenizer::ChatMessage> =
+            serde_json::from_value(case["messages"].clone()).unwrap();
+        let text = tok.apply_chat_template_with(&msgs, true, &extras).unwrap();
+        assert_eq!(text, case["text"].as_str().unwrap(), "{name}: text");
+        let got = tok.encode_chat_with(&msgs, true, &extras).unwrap();
+        assert_eq!(got, ids(&case["ids"]), "{name}: ids");
+    }
+}

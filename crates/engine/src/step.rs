@@ -10,7 +10,7 @@
 //!
 //! A constrained request's token mask depends only on its grammar's state, known before the
 //! forward: the masks of the step's constrained rows are computed on a helper thread while
-//! the forward runs, so sampling waits for one only when it is late ([`StepEngine::run_plan`]).
+//! the forward runs, so sampling waits for one only when it is late.
 //!
 //! Faults stay with the requests they hit: an error or a panic anywhere in the forward fails
 //! the requests of that step (an error naming one sequence fails that one alone; the others

@@ -1,6 +1,7 @@
 //! `tessera serve`: the server's flags, and the step from them to a running server (model,
 //! KV cache size, scheduler limits, adapters).
 
+use tessera_engine::constrain::GrammarLimits;
 use anyhow::{bail, Context, Result};
 
 use tessera_kernels::plan::Precision;
@@ -105,6 +106,19 @@ pub struct ServeArgs {
     /// prompt opens <think>.
     #[arg(long, value_name = "NAME")]
     pub reasoning_parser: Option<String>,
+    /// Largest grammar a constrained request may build (llguidance's size after expansion);
+    /// a schema past it gets 400.
+    #[arg(long, default_value_t = GrammarLimits::default().max_grammar_size)]
+    pub grammar_max_size: usize,
+    /// Most lexer states one grammar may build.
+    #[arg(long, default_value_t = GrammarLimits::default().max_lexer_states)]
+    pub grammar_max_lexer_states: usize,
+    /// Lexer work allowed to build a grammar's first mask (llguidance's fuel).
+    #[arg(long, default_value_t = GrammarLimits::default().initial_lexer_fuel)]
+    pub grammar_initial_fuel: u64,
+    /// Lexer work allowed per token of a constrained request; past it the request fails.
+    #[arg(long, default_value_t = GrammarLimits::default().step_lexer_fuel)]
+    pub grammar_step_fuel: u64,
     /// Parse special tokens (`<|im_end|>`...) written inside chat messages as control
     /// tokens. Off by default: message contents are text, so a user cannot close their
     /// turn or open a system one. Raw completions always parse them.
@@ -180,6 +194,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         default_max_tokens,
         tool_call_parser,
         reasoning_parser,
+        grammar_max_size,
+        grammar_max_lexer_states,
+        grammar_initial_fuel,
+        grammar_step_fuel,
         max_loras,
         lora_batching,
         allow_special_tokens_in_chat,
@@ -212,7 +230,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         "serial" => true,
         o => bail!("--lora-batching {o:?}: expected mixed or serial"),
     };
-    let engine = crate::load_with_context(&model, Precision::Exact, max_model_len)?;
+    let mut engine = crate::load_with_context(&model, Precision::Exact, max_model_len)?;
+    engine.set_grammar_limits(GrammarLimits {
+        max_grammar_size: grammar_max_size,
+        max_lexer_states: grammar_max_lexer_states,
+        initial_lexer_fuel: grammar_initial_fuel,
+        step_lexer_fuel: grammar_step_fuel,
+        ..GrammarLimits::default()
+    });
     engine
         .tokenizer
         .set_allow_special_in_content(allow_special_tokens_in_chat);

@@ -93,14 +93,43 @@ fn regex_escape(s: &str) -> String {
 
 /// The bounds of building and stepping one grammar (llguidance's units): a schema past them
 /// is refused when the request arrives, or fails its request mid-way, not the server.
-fn limits() -> ParserLimits {
-    ParserLimits {
-        initial_lexer_fuel: 2_000_000,
-        step_lexer_fuel: 400_000,
-        step_max_items: 100_000,
-        max_lexer_states: 250_000,
-        max_grammar_size: 500_000,
-        ..ParserLimits::default()
+/// `tessera serve --grammar-*` sets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrammarLimits {
+    /// Size of the grammar after expansion (rules and symbols).
+    pub max_grammar_size: usize,
+    /// Lexer states built in all (the regular part of the grammar).
+    pub max_lexer_states: usize,
+    /// Lexer work to build the grammar's first mask.
+    pub initial_lexer_fuel: u64,
+    /// Lexer work per token's mask.
+    pub step_lexer_fuel: u64,
+    /// Earley items per token.
+    pub step_max_items: usize,
+}
+
+impl Default for GrammarLimits {
+    fn default() -> Self {
+        GrammarLimits {
+            max_grammar_size: 500_000,
+            max_lexer_states: 250_000,
+            initial_lexer_fuel: 2_000_000,
+            step_lexer_fuel: 400_000,
+            step_max_items: 100_000,
+        }
+    }
+}
+
+impl GrammarLimits {
+    fn parser_limits(&self) -> ParserLimits {
+        ParserLimits {
+            initial_lexer_fuel: self.initial_lexer_fuel,
+            step_lexer_fuel: self.step_lexer_fuel,
+            step_max_items: self.step_max_items,
+            max_lexer_states: self.max_lexer_states,
+            max_grammar_size: self.max_grammar_size,
+            ..ParserLimits::default()
+        }
     }
 }
 
@@ -114,6 +143,11 @@ impl Grammars {
     /// The factory for `tok`, for logits `vocab` wide (the model's vocabulary, which may be
     /// padded past the tokenizer's).
     pub fn new(tok: &Tokenizer, vocab: usize) -> Result<Self> {
+        Self::with_limits(tok, vocab, GrammarLimits::default())
+    }
+
+    /// [`Grammars::new`] under `limits`.
+    pub fn with_limits(tok: &Tokenizer, vocab: usize, limits: GrammarLimits) -> Result<Self> {
         let bad = |e: String| Error::Tokenizer(format!("building the grammar engine: {e}"));
         let json = tok
             .inner()
@@ -129,7 +163,7 @@ impl Grammars {
             .map_err(|e| bad(e.to_string()))?;
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| bad(e.to_string()))?;
         factory.quiet();
-        *factory.limits_mut() = limits();
+        *factory.limits_mut() = limits.parser_limits();
         Ok(Grammars {
             factory: Arc::new(factory),
             vocab,

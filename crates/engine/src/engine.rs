@@ -53,6 +53,8 @@ pub struct Engine {
     tp: Option<Mutex<TpGroup>>,
     /// The grammar engine for constrained requests, built on the first one.
     grammars: std::sync::OnceLock<std::result::Result<crate::constrain::Grammars, String>>,
+    /// The bounds each grammar is built and stepped under.
+    grammar_limits: crate::constrain::GrammarLimits,
     #[cfg(feature = "fault-injection")]
     pub fault_hook: Option<FaultHook>,
 }
@@ -267,17 +269,28 @@ impl Engine {
             workspace: Mutex::new((0..ranks).map(|_| Workspace::new()).collect()),
             tp,
             grammars: std::sync::OnceLock::new(),
+            grammar_limits: Default::default(),
             #[cfg(feature = "fault-injection")]
             fault_hook: None,
         })
+    }
+
+    /// Sets the bounds of constrained requests' grammars (before the first one arrives).
+    pub fn set_grammar_limits(&mut self, limits: crate::constrain::GrammarLimits) {
+        self.grammar_limits = limits;
+        self.grammars = std::sync::OnceLock::new();
     }
 
     /// The grammar engine for constrained decoding (built once, on first use).
     pub fn grammars(&self) -> Result<&crate::constrain::Grammars> {
         self.grammars
             .get_or_init(|| {
-                crate::constrain::Grammars::new(&self.tokenizer, self.config.vocab_size)
-                    .map_err(|e| e.to_string())
+                crate::constrain::Grammars::with_limits(
+                    &self.tokenizer,
+                    self.config.vocab_size,
+                    self.grammar_limits,
+                )
+                .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| tessera_core::Error::Other(e.clone()))

@@ -349,7 +349,11 @@ pub(super) async fn connect(
     let http = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(10))
-        .pool_max_idle_per_host(1024)
+        // A new connection per request, as other serving benchmarks do: llama-server closes
+        // the connection after a streamed response while announcing keep-alive, and a pooled
+        // connection reused at that moment fails the request ("connection closed before
+        // message completed"). A local connection costs well under a millisecond.
+        .pool_max_idle_per_host(0)
         .build()
         .context("building the HTTP client")?;
     let model = match (&adapters, model) {

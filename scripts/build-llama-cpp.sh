@@ -18,7 +18,9 @@ mkdir -p "$dir"
 cd "$dir"
 src="llama_cpp_python-$version/vendor/llama.cpp"
 if [ ! -f "$src/CMakeLists.txt" ]; then
-  python3 -m pip download --quiet --no-binary :all: --no-deps --dest . \
+  # Only the package itself as source: its build requirements (cmake among them) come as
+  # wheels, or pip would compile cmake from source to read the metadata.
+  python3 -m pip download --quiet --no-binary llama-cpp-python --no-deps --dest . \
     "llama-cpp-python==$version" >&2
   tar xzf "llama_cpp_python-$version.tar.gz"
   rm "llama_cpp_python-$version.tar.gz"

@@ -1,8 +1,8 @@
 //! `tessera serve`: the server's flags, and the step from them to a running server (model,
 //! KV cache size, scheduler limits, adapters).
 
-use tessera_engine::constrain::GrammarLimits;
 use anyhow::{bail, Context, Result};
+use tessera_engine::constrain::GrammarLimits;
 
 use tessera_kernels::plan::Precision;
 

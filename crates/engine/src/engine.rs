@@ -111,6 +111,13 @@ impl ForwardLogits<'_> {
             ForwardLogits::Owned(l) => l.last_of(seq),
         }
     }
+    /// Every row of sequence `seq`, in position order.
+    pub fn rows_of(&self, seq: usize) -> Vec<&[f32]> {
+        match self {
+            ForwardLogits::View(v) => v.rows_of(seq),
+            ForwardLogits::Owned(l) => l.rows_of(seq),
+        }
+    }
     pub fn into_owned(self) -> Logits {
         match self {
             ForwardLogits::View(v) => v.to_owned(),

@@ -10,6 +10,7 @@
 
 pub mod cold_weights;
 pub mod constrain;
+pub mod draft;
 pub mod engine;
 pub mod generate;
 mod live;
@@ -19,6 +20,8 @@ pub mod perplexity;
 pub mod request;
 pub mod resources;
 pub mod sampling;
+pub mod spec;
+mod speculate;
 pub mod step;
 pub mod step_cost;
 pub mod step_fit;
@@ -30,6 +33,7 @@ mod tp_mpi;
 mod tp_rank;
 pub mod tune;
 pub mod tuning;
+mod window;
 
 pub use engine::{Engine, TpBackend};
 pub use generate::GenerationStats;

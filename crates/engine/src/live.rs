@@ -25,6 +25,19 @@ pub(crate) struct LiveRequest {
     pub prompt_tokens: usize,
     /// Tokens generated and accepted (EOS not counted).
     pub generated: usize,
+    /// Drafts per verification for this request: `None` follows the engine's setting.
+    pub spec_tokens: Option<usize>,
+}
+
+/// What a verification did.
+pub(crate) struct Verification {
+    /// The emitted tokens, in order.
+    pub steps: Vec<TokenStep>,
+    /// Drafts accepted before the token that ended the run (what the scheduler appends).
+    pub accepted: usize,
+    /// Drafts looked at (those past a finish are not), and of them the ones kept.
+    pub examined: usize,
+    pub kept: usize,
 }
 
 /// What one sampled token did.
@@ -52,6 +65,7 @@ impl LiveRequest {
             ignore_eos: req.ignore_eos,
             prompt_tokens: req.prompt_ids.len(),
             generated: 0,
+            spec_tokens: req.spec_tokens,
         }
     }
 
@@ -64,15 +78,66 @@ impl LiveRequest {
     /// prepared ahead or computed here) and runs it through EOS, penalties, detokenization
     /// and stop strings. An error is this request's alone.
     pub fn on_logits(&mut self, tok: &Tokenizer, row: &[f32]) -> Result<TokenStep> {
-        let token = match &mut self.constraint {
+        let (token, _) = self.choose(row, None)?;
+        self.emit(tok, row, token)
+    }
+
+    /// A verification chunk's rows: `rows[i]` is the target model's row at the position of
+    /// `drafts[i]` (`rows` has one more, after the last draft). Each draft is verified in
+    /// turn ([`crate::sampling::Sampler::verify`]) and its token emitted through the same
+    /// pipeline as [`LiveRequest::on_logits`], until one is rejected (the token drawn in
+    /// its place ends the run), the request finishes, or every draft is accepted (a token
+    /// is then sampled from the last row). With greedy sampling the tokens are exactly those
+    /// plain decoding gives.
+    pub fn on_verify(
+        &mut self,
+        tok: &Tokenizer,
+        rows: &[&[f32]],
+        drafts: &[u32],
+    ) -> Result<Verification> {
+        debug_assert_eq!(rows.len(), drafts.len() + 1);
+        let mut v = Verification {
+            steps: Vec::with_capacity(rows.len()),
+            accepted: 0,
+            examined: 0,
+            kept: 0,
+        };
+        for (i, row) in rows.iter().enumerate() {
+            let draft = drafts.get(i).copied();
+            let (token, kept) = self.choose(row, draft)?;
+            v.examined += draft.is_some() as usize;
+            v.kept += kept as usize;
+            let step = self.emit(tok, row, token)?;
+            let finished = step.finish.is_some();
+            v.steps.push(step);
+            if finished || !kept {
+                break;
+            }
+            v.accepted += 1;
+        }
+        Ok(v)
+    }
+
+    /// The next token from `row` under the request's grammar: sampled, or with a `draft`,
+    /// verified (whether it is the draft).
+    fn choose(&mut self, row: &[f32], draft: Option<u32>) -> Result<(u32, bool)> {
+        let pick = |sampler: &mut crate::sampling::Sampler, l: &[f32]| match draft {
+            Some(d) => sampler.verify(l, d),
+            None => (sampler.sample(l), false),
+        };
+        match &mut self.constraint {
             Some(c) => {
                 c.masked(row, &mut self.masked)?;
-                let t = self.sampler.sample(&self.masked);
+                let (t, kept) = pick(&mut self.sampler, &self.masked);
                 c.accept(t)?;
-                t
+                Ok((t, kept))
             }
-            None => self.sampler.sample(row),
-        };
+            None => Ok(pick(&mut self.sampler, row)),
+        }
+    }
+
+    /// Runs a chosen token through EOS, penalties, detokenization and stop strings.
+    fn emit(&mut self, tok: &Tokenizer, row: &[f32], token: u32) -> Result<TokenStep> {
         if !self.ignore_eos && tok.is_eos(token) {
             return Ok(TokenStep {
                 token,

@@ -103,6 +103,12 @@ pub const PRIORITY: IntRange = IntRange {
     min: -1000,
     max: 1000,
 };
+/// Drafted tokens verified per step for one request (0: no speculation).
+pub const SPEC_TOKENS: IntRange = IntRange {
+    param: "spec_tokens",
+    min: 0,
+    max: 64,
+};
 /// Most stop strings per request.
 pub const MAX_STOP_STRINGS: usize = 16;
 /// OpenAI's range; 0 is greedy.
@@ -181,6 +187,9 @@ impl GenerateRequest {
             LOGPROBS.check(i64::try_from(n).unwrap_or(i64::MAX))?;
         }
         PRIORITY.check(self.priority as i64)?;
+        if let Some(k) = self.spec_tokens {
+            SPEC_TOKENS.check(i64::try_from(k).unwrap_or(i64::MAX))?;
+        }
         Ok(())
     }
 }

@@ -25,6 +25,9 @@ pub struct GenerateRequest {
     pub adapter: Option<Arc<LoraAdapter>>,
     /// What the output must match (a JSON schema, a regex, ...); `None`: anything.
     pub constraint: Option<crate::constrain::ConstraintSpec>,
+    /// Most drafted tokens verified per step for this request, overriding the engine's
+    /// speculative setting (0: no speculation); `None`: the engine's.
+    pub spec_tokens: Option<usize>,
 }
 
 /// One token's log-probability and its top alternatives.

@@ -28,14 +28,17 @@ use tessera_core::{Error, Result};
 use tessera_lora::LoraAdapter;
 use tessera_model::{BatchMeta, KvStorage, LogitsFor, SeqChunk, Workspace};
 use tessera_scheduler::{
-    KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult, WindowGroup,
+    KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult,
 };
 
 use crate::constrain::Constraint;
-use crate::live::LiveRequest;
+use crate::live::{LiveRequest, TokenStep};
 use crate::request::{FinishReason, GenerateRequest, RequestEvent, SubmitError};
+use crate::speculate::{Speculator, Verified};
 use crate::step_fit::OnlineFit;
 use crate::Engine;
+
+pub use crate::window::{window_group, window_group_for};
 
 /// What one step did.
 #[derive(Debug, Default)]
@@ -53,6 +56,8 @@ pub struct StepOutcome {
     pub predicted_s: Option<f64>,
     /// Seconds of the step's forward and sampling (0 if it ran nothing).
     pub forward_s: f64,
+    /// This step's speculative work (drafts verified and accepted), when speculating.
+    pub spec: crate::spec::SpecStats,
 }
 
 /// A test-only fault injected into a step (see [`Engine::fault_hook`]).
@@ -76,11 +81,13 @@ pub enum Fault {
 
 pub struct StepEngine<'e> {
     engine: &'e Engine,
-    sched: Scheduler,
+    pub(crate) sched: Scheduler,
     /// One KV storage and workspace per tensor-parallel rank.
     kv: Vec<KvStorage>,
     ws: Vec<Workspace>,
-    live: HashMap<u64, LiveRequest>,
+    pub(crate) live: HashMap<u64, LiveRequest>,
+    /// Speculative decoding, when on (see [`crate::spec`]).
+    pub(crate) spec: Option<Speculator>,
     /// The step cost refitted to measured steps, with a time budget.
     fit: Option<OnlineFit>,
     /// Whether constrained rows' masks are computed while the forward runs (else after it,
@@ -94,6 +101,7 @@ struct Ran {
     result: StepResult,
     events: Vec<(u64, RequestEvent)>,
     failed: Vec<(u64, String)>,
+    verified: Vec<Verified>,
 }
 
 impl<'e> StepEngine<'e> {
@@ -119,6 +127,7 @@ impl<'e> StepEngine<'e> {
             live: HashMap::new(),
             fit,
             overlap_masks: true,
+            spec: None,
         })
     }
 
@@ -212,11 +221,16 @@ impl<'e> StepEngine<'e> {
     /// it was not live.
     pub fn abort(&mut self, id: u64) -> bool {
         self.sched.abort(id);
+        if let Some(sp) = &mut self.spec {
+            sp.forget(id);
+        }
         self.live.remove(&id).is_some()
     }
 
     /// Runs one step.
     pub fn step(&mut self) -> StepOutcome {
+        let before = self.spec.as_ref().map(|s| s.stats);
+        self.propose_drafts();
         let plan = self.sched.schedule();
         let mut out = StepOutcome {
             tokens: plan.num_tokens(),
@@ -246,8 +260,13 @@ impl<'e> StepEngine<'e> {
                 result,
                 events,
                 failed,
+                verified,
             })) => {
                 self.refit(&plan, out.forward_s);
+                if let (Some(sp), Some(before)) = (&mut self.spec, before) {
+                    sp.observe(&plan, out.forward_s, &verified);
+                    out.spec = sp.stats.delta(&before);
+                }
                 out.events.extend(events);
                 // Before the update, which then leaves the failed requests' entries alone.
                 for (id, msg) in failed {
@@ -299,7 +318,9 @@ impl<'e> StepEngine<'e> {
         let mut adapters: Vec<Arc<LoraAdapter>> = Vec::new();
         let mut seqs = Vec::with_capacity(plan.seqs.len());
         for s in &plan.seqs {
-            let logits = if s.wants_logits {
+            let logits = if s.draft > 0 {
+                LogitsFor::All
+            } else if s.wants_logits {
                 LogitsFor::Last
             } else {
                 LogitsFor::None
@@ -377,46 +398,64 @@ impl<'e> StepEngine<'e> {
         let mut result = StepResult::default();
         let mut events = Vec::new();
         let mut failed = Vec::new();
+        let mut verified = Vec::new();
         let tok = &*engine.tokenizer;
         for (i, s) in plan.seqs.iter().enumerate() {
             if !s.wants_logits {
                 continue;
             }
-            let (Some(row), Some(live)) = (logits.last_of(i), self.live.get_mut(&s.id)) else {
+            let Some(live) = self.live.get_mut(&s.id) else {
                 continue;
             };
-            let t = match live.on_logits(tok, row) {
+            let steps = if s.draft > 0 {
+                let rows = logits.rows_of(i);
+                let rows = &rows[rows.len().saturating_sub(s.draft + 1)..];
+                live.on_verify(tok, rows, s.drafts()).map(|v| {
+                    result.accepted.push((s.id, v.accepted));
+                    verified.push(Verified {
+                        id: s.id,
+                        drafted: v.examined,
+                        accepted: v.kept,
+                        emitted: v.steps.len(),
+                    });
+                    v.steps
+                })
+            } else {
+                let Some(row) = logits.last_of(i) else {
+                    continue;
+                };
+                live.on_logits(tok, row).map(|t| vec![t])
+            };
+            let steps = match steps {
                 Ok(t) => t,
                 Err(e) => {
                     failed.push((s.id, format!("sampling the next token failed: {e}")));
                     continue;
                 }
             };
-            result.sampled.push((s.id, t.token));
-            if let Some(reason) = t.finish {
+            let (token, finish, event) = merge_steps(steps);
+            result.sampled.push((s.id, token));
+            if let Some(reason) = finish {
                 result.finished.push((s.id, reason));
             }
-            if !t.text.is_empty() || !t.tokens.is_empty() {
-                events.push((
-                    s.id,
-                    RequestEvent::Text {
-                        text: t.text,
-                        tokens: t.tokens,
-                        logprobs: t.logprobs,
-                    },
-                ));
+            if let Some(ev) = event {
+                events.push((s.id, ev));
             }
         }
         Ok(Ran {
             result,
             events,
             failed,
+            verified,
         })
     }
 
     /// Sends a request's last text (for `Length`: what the decoders held back) and its
     /// `Finished` event, and forgets it.
     fn complete(&mut self, id: u64, reason: FinishReason, events: &mut Vec<(u64, RequestEvent)>) {
+        if let Some(sp) = &mut self.spec {
+            sp.forget(id);
+        }
         let Some(mut live) = self.live.remove(&id) else {
             return;
         };
@@ -454,6 +493,9 @@ impl<'e> StepEngine<'e> {
 
     fn fail(&mut self, id: u64, message: &str, out: &mut StepOutcome) {
         self.sched.finish(id, FinishReason::Error);
+        if let Some(sp) = &mut self.spec {
+            sp.forget(id);
+        }
         if self.live.remove(&id).is_some() {
             out.failed += 1;
             out.events.push((
@@ -481,6 +523,27 @@ impl<'e> StepEngine<'e> {
     pub fn check(&self) -> Result<(), SchedError> {
         self.sched.check()
     }
+}
+
+/// One entry's emitted tokens as the scheduler and the front ends hear them: the last token
+/// (what the scheduler appends after any accepted drafts), the finish if one ended the
+/// request, and one `Text` event with every token's text, ids and log-probabilities (none
+/// if there is nothing to say).
+fn merge_steps(steps: Vec<TokenStep>) -> (u32, Option<FinishReason>, Option<RequestEvent>) {
+    let token = steps.last().map_or(0, |t| t.token);
+    let finish = steps.iter().find_map(|t| t.finish);
+    let (mut text, mut tokens, mut logprobs) = (String::new(), Vec::new(), Vec::new());
+    for t in steps {
+        text.push_str(&t.text);
+        tokens.extend(t.tokens);
+        logprobs.extend(t.logprobs);
+    }
+    let event = (!text.is_empty() || !tokens.is_empty()).then_some(RequestEvent::Text {
+        text,
+        tokens,
+        logprobs,
+    });
+    (token, finish, event)
 }
 
 /// The grammars of `plan`'s rows that sample a token this step, in plan order.
@@ -515,43 +578,4 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     } else {
         "unknown panic".to_string()
     }
-}
-
-/// The window group for `engine`'s model under `cfg`: its sliding-window layers' KV in
-/// blocks enough for every running sequence's window (and a quarter more for the prefix
-/// cache), where that is fewer than the full cache's; `None` without windowed layers, under
-/// tensor parallelism, or where it would save nothing.
-pub fn window_group(engine: &Engine, cfg: &SchedulerConfig) -> Option<WindowGroup> {
-    let g = window_group_for(
-        engine,
-        cfg.block_size,
-        cfg.max_num_seqs,
-        cfg.max_prefill_chunk.min(cfg.max_num_batched_tokens),
-    )?;
-    (g.num_blocks < cfg.num_blocks).then_some(g)
-}
-
-/// The window group `engine`'s model needs for `max_num_seqs` sequences computing chunks of
-/// up to `chunk` positions (a quarter more for the prefix cache); `None` without windowed
-/// layers or under tensor parallelism.
-pub fn window_group_for(
-    engine: &Engine,
-    block_size: usize,
-    max_num_seqs: usize,
-    chunk: usize,
-) -> Option<WindowGroup> {
-    let window = engine.model.window()?;
-    if engine.tp_size() > 1 {
-        return None;
-    }
-    let g = WindowGroup {
-        window,
-        num_blocks: 0,
-    };
-    let per = g.blocks_per_seq(block_size, chunk);
-    let blocks = per.saturating_mul(max_num_seqs).saturating_mul(5) / 4 + per;
-    Some(WindowGroup {
-        window,
-        num_blocks: blocks,
-    })
 }

@@ -239,6 +239,34 @@ impl KvManager {
         Ok(())
     }
 
+    /// Shrinks `seq`'s table to the blocks covering `positions` positions, releasing the
+    /// rest (the KV of rejected speculative positions). Only uncommitted blocks can go: a
+    /// table never shrinks into its registered prefix. Returns the blocks released.
+    pub fn truncate(&mut self, seq: SeqId, positions: usize) -> Result<usize, KvError> {
+        let keep = self.blocks_for(positions);
+        let table = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq { seq })?;
+        if keep < table.hashes.len() {
+            return Err(KvError::Invariant(format!(
+                "sequence {seq}: truncating to {keep} blocks would drop committed ones"
+            )));
+        }
+        let mut released = 0;
+        while table.blocks.len() > keep {
+            let b = table.blocks.pop().expect("longer than keep");
+            self.pool.release(b)?;
+            released += 1;
+        }
+        if let Some(w) = &mut self.win {
+            while table.wblocks.len() > keep {
+                let b = table.wblocks.pop().expect("longer than keep");
+                if b != DROPPED {
+                    w.pool.release(b)?;
+                }
+            }
+        }
+        Ok(released)
+    }
+
     /// Releases all of `seq`'s blocks; registered ones stay cached. Tail blocks are released
     /// first so they are evicted before the prefix they extend (as vLLM v1 does).
     pub fn free_seq(&mut self, seq: SeqId) -> Result<(), KvError> {

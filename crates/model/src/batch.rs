@@ -140,6 +140,11 @@ impl Logits {
         self.view().last_of(seq)
     }
 
+    /// Every row of sequence `seq`, in position order.
+    pub fn rows_of(&self, seq: usize) -> Vec<&[f32]> {
+        self.view().rows_of(seq)
+    }
+
     pub fn view(&self) -> LogitsView<'_> {
         LogitsView {
             vocab: self.vocab,
@@ -169,6 +174,16 @@ impl<'a> LogitsView<'a> {
             .iter()
             .rposition(|&(s, _)| s == seq)
             .map(|i| self.row(i))
+    }
+
+    /// Every row of sequence `seq`, in position order.
+    pub fn rows_of(&self, seq: usize) -> Vec<&'a [f32]> {
+        self.rows
+            .iter()
+            .enumerate()
+            .filter(|(_, &(s, _))| s == seq)
+            .map(|(i, _)| self.row(i))
+            .collect()
     }
 
     pub fn to_owned(&self) -> Logits {

@@ -26,19 +26,35 @@ pub struct ScheduledSeq {
     /// With a window group: its blocks by block index (`tessera_kv::DROPPED` where the
     /// sequence no longer attends them).
     pub window_table: Option<Vec<u32>>,
+    /// Speculative verification: the last `draft` of `tokens` are drafted, not known. The
+    /// engine needs logits for every row from the last known token on (`draft + 1` rows) and
+    /// reports in [`StepResult::accepted`] how many drafts the target model agreed with.
+    pub draft: usize,
 }
 
 impl ScheduledSeq {
     pub fn end_pos(&self) -> usize {
         self.start_pos + self.tokens.len()
     }
+    /// Where the known tokens of the chunk end (drafts excluded).
+    pub fn known_end(&self) -> usize {
+        self.end_pos() - self.draft
+    }
+    /// The drafted tokens of a verification chunk.
+    pub fn drafts(&self) -> &[u32] {
+        &self.tokens[self.tokens.len() - self.draft..]
+    }
 }
 
 /// What the engine made of a plan: plain data for `Scheduler::update`.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StepResult {
-    /// The token sampled for every entry that wanted logits (an EOS token included).
+    /// The token sampled for every entry that wanted logits (an EOS token included). For a
+    /// verification chunk: the token sampled after its accepted drafts.
     pub sampled: Vec<(u64, u32)>,
+    /// For verification chunks: how many of the drafts (a prefix of them) were accepted;
+    /// a chunk missing here accepted none.
+    pub accepted: Vec<(u64, usize)>,
     /// Requests the engine ended this step, with why: `Stop` for EOS or a stop string
     /// (their sampled token is not appended), `Error` for a failure.
     pub finished: Vec<(u64, FinishReason)>,
@@ -49,7 +65,7 @@ impl StepResult {
     pub fn sampled(sampled: impl Into<Vec<(u64, u32)>>) -> Self {
         StepResult {
             sampled: sampled.into(),
-            finished: Vec::new(),
+            ..Default::default()
         }
     }
 }
@@ -107,6 +123,12 @@ impl StepPlan {
             }
             if s.tokens.is_empty() {
                 return fail(format!("request {} has an empty chunk", s.id));
+            }
+            if s.draft > 0 && (s.draft >= s.tokens.len() || !s.wants_logits) {
+                return fail(format!(
+                    "request {} has a malformed verification chunk",
+                    s.id
+                ));
             }
             if s.end_pos() > limits.max_model_len {
                 return fail(format!("request {} runs past the context", s.id));

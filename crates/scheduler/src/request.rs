@@ -111,6 +111,9 @@ pub(crate) struct SeqState {
     pub arrival_step: u64,
     /// Order of the latest admission (preemption victims are the most recent).
     pub admitted: u64,
+    /// Tokens proposed by a drafter to verify after the last known one, for the next
+    /// `schedule` only (see `Scheduler::propose`).
+    pub draft: Vec<u32>,
 }
 
 impl SeqState {
@@ -127,6 +130,7 @@ impl SeqState {
             arrival,
             arrival_step,
             admitted: 0,
+            draft: Vec::new(),
         }
     }
     pub fn generated(&self) -> &[u32] {

@@ -110,6 +110,8 @@ struct Pick {
     len: usize,
     /// The chunk reaches the sequence's last known token (samples the next).
     logits: bool,
+    /// Drafted tokens appended to the chunk for verification (counted in `len`).
+    draft: usize,
 }
 
 impl Scheduler {
@@ -167,6 +169,40 @@ impl Scheduler {
     /// Tokens generated so far (kept until the finish is reported).
     pub fn generated(&self, id: u64) -> Option<&[u32]> {
         self.seqs.get(&id).map(|s| s.generated())
+    }
+
+    /// The whole token sequence (prompt and generated) of a live request.
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        self.seqs.get(&id).map(|s| s.tokens.as_slice())
+    }
+
+    /// Running requests whose every known token has KV: the next step decodes them, and a
+    /// drafter may propose tokens for them to verify ([`Scheduler::propose`]).
+    pub fn decoding(&self) -> Vec<u64> {
+        self.running
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.seqs
+                    .get(id)
+                    .is_some_and(|s| s.status == Status::Running && s.remaining() == 1)
+            })
+            .collect()
+    }
+
+    /// Proposes `draft` as the tokens following request `id`'s last known one, to be
+    /// verified in the next step alongside its decode token. The next `schedule` takes as
+    /// many as its token budget, the blocks free without preemption, the context and
+    /// `max_tokens` allow (possibly none), and forgets the rest. Returns false, keeping
+    /// nothing, unless `id` is decoding ([`Scheduler::decoding`]).
+    pub fn propose(&mut self, id: u64, draft: Vec<u32>) -> bool {
+        match self.seqs.get_mut(&id) {
+            Some(s) if s.status == Status::Running && s.remaining() == 1 => {
+                s.draft = draft;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Replaces the step-time budget from the next `schedule` on (the engine refits the
@@ -244,7 +280,8 @@ impl Scheduler {
     /// Applies a step's results: first ends the requests the engine finished (EOS, stop
     /// strings, errors: their blocks are freed and their sampled token dropped), then, for
     /// every other entry, advances `num_computed`, appends the sampled token of each chunk
-    /// that wanted logits, registers newly full blocks in the prefix cache and finishes
+    /// that wanted logits (after a verification chunk's accepted drafts, releasing the
+    /// blocks only its rejected ones used), registers newly full blocks in the prefix cache and finishes
     /// sequences at `max_tokens` or the context (`Length`). Entries for requests aborted or
     /// finished since the plan are skipped. All-or-nothing: a missing or unexpected sample is
     /// an error before anything changes. Returns the requests finished here for `Length`.
@@ -262,6 +299,13 @@ impl Scheduler {
         let mut tokens: HashMap<u64, u32> = HashMap::new();
         for &(id, t) in &result.sampled {
             if !wanting.contains(&id) || tokens.insert(id, t).is_some() {
+                return Err(SchedError::UnexpectedSample { id });
+            }
+        }
+        let mut accepted: HashMap<u64, usize> = HashMap::new();
+        for &(id, a) in &result.accepted {
+            let ok = plan.get(id).is_some_and(|s| a <= s.draft);
+            if !ok || accepted.insert(id, a).is_some() {
                 return Err(SchedError::UnexpectedSample { id });
             }
         }
@@ -287,7 +331,16 @@ impl Scheduler {
             let Some(st) = self.seqs.get_mut(&s.id) else {
                 continue;
             };
-            st.num_computed = s.end_pos();
+            if s.draft > 0 {
+                // The accepted drafts and the token after them become known; the KV of the
+                // rejected positions is given back.
+                let a = accepted.get(&s.id).copied().unwrap_or(0);
+                st.tokens.extend_from_slice(&s.drafts()[..a]);
+                st.num_computed = s.known_end() + a;
+                self.kv.truncate(s.id, st.num_computed)?;
+            } else {
+                st.num_computed = s.end_pos();
+            }
             if s.wants_logits && st.num_computed == st.tokens.len() {
                 if let Some(&t) = tokens.get(&s.id) {
                     st.tokens.push(t);
@@ -309,7 +362,7 @@ impl Scheduler {
         self.seqs.get(&s.id).is_some_and(|st| {
             st.status == Status::Running
                 && st.num_computed == s.start_pos
-                && s.end_pos() <= st.tokens.len()
+                && s.known_end() <= st.tokens.len()
         })
     }
 

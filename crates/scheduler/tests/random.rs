@@ -19,6 +19,8 @@ enum Op {
         adapter: Option<u64>,
     },
     Step,
+    /// A step with drafts of up to this many tokens, partly right.
+    SpecStep(usize),
     Abort(usize),
     Stop(usize),
 }
@@ -27,7 +29,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0u32..3, 1usize..40, 1usize..12, -1i32..3, proptest::option::of(0u64..2))
             .prop_map(|(fam, len, max_tokens, priority, adapter)| Op::Add { fam, len, max_tokens, priority, adapter }),
-        5 => Just(Op::Step),
+        4 => Just(Op::Step),
+        2 => (1usize..6).prop_map(Op::SpecStep),
         1 => (0usize..64).prop_map(Op::Abort),
         1 => (0usize..64).prop_map(Op::Stop),
     ]
@@ -128,6 +131,10 @@ proptest! {
                 }
                 Op::Step => {
                     let plan = step(&mut s);
+                    record(&s, &plan, next, &mut seen, &mut reasons)?;
+                }
+                Op::SpecStep(k) => {
+                    let plan = spec_step(&mut s, k, next);
                     record(&s, &plan, next, &mut seen, &mut reasons)?;
                 }
                 Op::Abort(i) if next > 0 => { s.abort(i as u64 % next); }

@@ -290,6 +290,7 @@ fn step_result_finishes_end_requests_and_drop_their_token() {
     let result = StepResult {
         sampled: vec![(1, 9), (2, 10), (3, 11)],
         finished: vec![(1, FinishReason::Stop), (3, FinishReason::Error)],
+        ..Default::default()
     };
     let done = s.update(&plan, &result).unwrap();
     assert!(
@@ -312,6 +313,7 @@ fn step_result_finishes_end_requests_and_drop_their_token() {
         &StepResult {
             sampled: vec![],
             finished: vec![(2, FinishReason::Stop)],
+            ..Default::default()
         },
     )
     .unwrap();
@@ -521,6 +523,7 @@ fn entry(id: u64, start: usize, len: usize, table: Vec<u32>) -> ScheduledSeq {
         wants_logits: true,
         adapter: None,
         window_table: None,
+        draft: 0,
     }
 }
 
@@ -624,4 +627,72 @@ fn adapter_serial_steps_hold_one_adapter_and_take_turns() {
     }
     let p = s.schedule();
     assert_eq!(p.seqs.len(), 4);
+}
+
+#[test]
+fn verification_appends_accepted_drafts_and_releases_rejected_blocks() {
+    let mut s = Scheduler::new(cfg(64, 4)).unwrap();
+    s.add_request(req(1, 5, 50)).unwrap();
+    step(&mut s); // prefill: 5 known + 1 sampled
+    assert_eq!(s.decoding(), vec![1]);
+    let n = s.tokens(1).unwrap().len();
+    assert_eq!(n, 6);
+    // Two right drafts, then wrong ones.
+    let right: Vec<u32> = (0..2).map(|j| sample(1, n + j)).collect();
+    let draft = [right.clone(), vec![7, 7, 7, 7]].concat();
+    assert!(s.propose(1, draft.clone()));
+    assert!(!s.propose(2, vec![1]), "unknown request");
+    let plan = s.schedule();
+    let q = plan.get(1).unwrap();
+    assert_eq!((q.start_pos, q.draft, q.tokens.len()), (5, 6, 7));
+    assert_eq!(q.drafts(), draft.as_slice());
+    assert!(q.wants_logits);
+    assert!(
+        s.kv().block_table(1).unwrap().len() >= 3,
+        "blocks for 12 positions"
+    );
+    let result = StepResult {
+        sampled: vec![(1, sample(1, n + 2))],
+        accepted: vec![(1, 2)],
+        ..Default::default()
+    };
+    s.update(&plan, &result).unwrap();
+    s.check().unwrap();
+    assert_eq!(s.generated(1).unwrap(), expected(1, 5, 4).as_slice());
+    assert_eq!(s.num_computed(1), Some(8));
+    assert_eq!(
+        s.kv().block_table(1).unwrap().len(),
+        2,
+        "rejected positions' block freed"
+    );
+    // A draft is for one step only; without one the next step decodes one token.
+    let plan = s.schedule();
+    assert_eq!(plan.get(1).unwrap().draft, 0);
+    // Accepting more than was drafted is refused before anything changes.
+    let bad = StepResult {
+        sampled: vec![(1, 3)],
+        accepted: vec![(1, 1)],
+        ..Default::default()
+    };
+    assert!(s.update(&plan, &bad).is_err());
+}
+
+#[test]
+fn drafts_respect_max_tokens_and_budget() {
+    let mut c = cfg(64, 4);
+    c.max_num_batched_tokens = 8;
+    let mut s = Scheduler::new(c).unwrap();
+    s.add_request(req(1, 5, 4)).unwrap();
+    s.add_request(req(2, 5, 50)).unwrap();
+    step(&mut s);
+    step(&mut s);
+    assert_eq!(s.decoding().len(), 2);
+    // Request 1 has 2 tokens to go: a verification makes at most k + 1 known, so k <= 1.
+    assert!(s.propose(1, vec![1, 2, 3, 4]));
+    assert!(s.propose(2, vec![1, 2, 3, 4, 5, 6, 7, 8, 9]));
+    let plan = s.schedule();
+    assert_eq!(plan.get(1).unwrap().draft, 1);
+    // 8 tokens: two decodes, one draft of request 1, five of request 2.
+    assert_eq!(plan.get(2).unwrap().draft, 5);
+    assert_eq!(plan.num_tokens(), 8);
 }

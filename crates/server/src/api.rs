@@ -125,6 +125,9 @@ pub struct CommonParams {
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
+    /// Most drafted tokens verified per step for this request when the server speculates
+    /// (0: none; absent: the server's `--spec-tokens`).
+    pub spec_tokens: Option<i64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -212,12 +215,15 @@ pub fn template_message(m: &Message) -> Result<tessera_tokenizer::ChatMessage, A
         };
         let mut calls = list.clone();
         for c in &mut calls {
-            let f = c.get_mut("function").filter(|f| f.is_object()).ok_or_else(|| {
-                ApiError::invalid(
-                    "messages",
-                    "each of tool_calls needs a \"function\" object with a name and arguments",
-                )
-            })?;
+            let f = c
+                .get_mut("function")
+                .filter(|f| f.is_object())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "messages",
+                        "each of tool_calls needs a \"function\" object with a name and arguments",
+                    )
+                })?;
             if let Some(Value::String(text)) = f.get("arguments") {
                 if let Ok(v) = serde_json::from_str::<Value>(text) {
                     f["arguments"] = v;

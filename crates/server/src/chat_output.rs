@@ -115,7 +115,10 @@ pub enum Part {
         name: String,
     },
     /// More of call `index`'s arguments (JSON text).
-    CallArgs { index: usize, args: String },
+    CallArgs {
+        index: usize,
+        args: String,
+    },
 }
 
 /// A tool call of a whole answer.
@@ -446,7 +449,10 @@ mod tests {
         };
         let text = "<think>\nTwo and two.\n</think>\n\nFour.";
         let got = ChoiceParser::new(&p, None).parse_whole(text);
-        assert_eq!(got.reasoning.as_deref().map(str::trim), Some("Two and two."));
+        assert_eq!(
+            got.reasoning.as_deref().map(str::trim),
+            Some("Two and two.")
+        );
         assert_eq!(got.content.trim(), "Four.");
         let s = streamed(&p, text, &[3, 9, 20, 31]);
         assert_eq!(s.reasoning.as_deref().map(str::trim), Some("Two and two."));

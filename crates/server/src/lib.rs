@@ -16,8 +16,8 @@ pub mod http;
 pub mod metrics;
 pub mod spec;
 pub mod text;
-pub mod tools;
 pub mod tokenize;
+pub mod tools;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -109,6 +109,10 @@ pub fn validate(
         priority,
         adapter: None,
         constraint: constraint(c)?,
+        spec_tokens: match c.spec_tokens {
+            None => None,
+            Some(k) => Some(params::SPEC_TOKENS.check(k)? as usize),
+        },
     };
     base.validate()?;
     Ok(GenSpec {

@@ -65,12 +65,18 @@ impl ToolSpec {
             Some(_) => return Err(ApiError::invalid("tools", "tools must be a list")),
         };
         if list.is_empty() {
-            return Err(ApiError::invalid("tools", "tools must not be an empty list"));
+            return Err(ApiError::invalid(
+                "tools",
+                "tools must not be an empty list",
+            ));
         }
         if list.len() > MAX_TOOLS {
             return Err(ApiError::invalid(
                 "tools",
-                format!("at most {MAX_TOOLS} tools are accepted (got {})", list.len()),
+                format!(
+                    "at most {MAX_TOOLS} tools are accepted (got {})",
+                    list.len()
+                ),
             ));
         }
         let mut out = Vec::with_capacity(list.len());
@@ -207,7 +213,9 @@ impl ToolSpec {
         } else {
             json!({"anyOf": names.iter().map(|n| one_call(n)).collect::<Vec<_>>()})
         };
-        Ok(Some(ConstraintSpec::Lark(format.grammar(call, many, special))))
+        Ok(Some(ConstraintSpec::Lark(
+            format.grammar(call, many, special),
+        )))
     }
 }
 
@@ -350,7 +358,9 @@ mod tests {
 
     #[test]
     fn parses_tools_and_choices() {
-        let t = ToolSpec::parse(Some(&weather()), None, None).unwrap().unwrap();
+        let t = ToolSpec::parse(Some(&weather()), None, None)
+            .unwrap()
+            .unwrap();
         assert_eq!(t.choice, ToolChoice::Auto);
         assert!(t.parallel);
         assert_eq!(
@@ -436,7 +446,8 @@ mod tests {
         let t = ToolSpec::parse(Some(&weather()), Some(&json!("required")), None)
             .unwrap()
             .unwrap();
-        let Some(ConstraintSpec::Lark(g)) = t.constraint(ToolFormat::Hermes, &|_| None).unwrap() else {
+        let Some(ConstraintSpec::Lark(g)) = t.constraint(ToolFormat::Hermes, &|_| None).unwrap()
+        else {
             panic!("no grammar");
         };
         assert!(g.starts_with("start: call (\"\\n\" call)*\n"), "{g}");
@@ -447,7 +458,10 @@ mod tests {
         else {
             panic!("no grammar");
         };
-        assert!(m.starts_with("start: <[5]> body\n") && !m.contains("maxItems"), "{m}");
+        assert!(
+            m.starts_with("start: <[5]> body\n") && !m.contains("maxItems"),
+            "{m}"
+        );
         assert!(g.contains("\"const\":\"get_weather\"") && g.contains("\"const\":\"now\""));
         let t = ToolSpec::parse(
             Some(&weather()),
@@ -456,12 +470,21 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let Some(ConstraintSpec::Lark(g)) = t.constraint(ToolFormat::Llama3, &|_| None).unwrap() else {
+        let Some(ConstraintSpec::Lark(g)) = t.constraint(ToolFormat::Llama3, &|_| None).unwrap()
+        else {
             panic!("no grammar");
         };
-        assert!(g.starts_with("start: body\n") && g.contains("\"parameters\""), "{g}");
+        assert!(
+            g.starts_with("start: body\n") && g.contains("\"parameters\""),
+            "{g}"
+        );
         assert!(!g.contains("\"now\""));
-        let auto = ToolSpec::parse(Some(&weather()), None, None).unwrap().unwrap();
-        assert!(auto.constraint(ToolFormat::Hermes, &|_| None).unwrap().is_none());
+        let auto = ToolSpec::parse(Some(&weather()), None, None)
+            .unwrap()
+            .unwrap();
+        assert!(auto
+            .constraint(ToolFormat::Hermes, &|_| None)
+            .unwrap()
+            .is_none());
     }
 }

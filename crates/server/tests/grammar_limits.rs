@@ -16,7 +16,12 @@ async fn a_grammar_past_the_bounds_gets_400() {
     });
     let s = start_opts(e, |_| {}).await;
     let props: serde_json::Map<String, serde_json::Value> = (0..40)
-        .map(|i| (format!("field{i}"), json!({"type": "string", "maxLength": 8})))
+        .map(|i| {
+            (
+                format!("field{i}"),
+                json!({"type": "string", "maxLength": 8}),
+            )
+        })
         .collect();
     let schema = json!({"type": "object", "properties": props});
     let (status, v) = s

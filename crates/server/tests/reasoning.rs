@@ -41,7 +41,10 @@ async fn think_blocks_become_reasoning_content() {
     assert!(!content.contains("think>") && content.ends_with('.'), "{m}");
     // Every token keeps its logprob, whichever part its text went to.
     assert_eq!(
-        v["choices"][0]["logprobs"]["content"].as_array().unwrap().len() as u64,
+        v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .len() as u64,
         v["usage"]["completion_tokens"].as_u64().unwrap()
     );
 
@@ -55,7 +58,10 @@ async fn think_blocks_become_reasoning_content() {
         lps += choice["logprobs"]["content"].as_array().map_or(0, Vec::len);
     }
     assert_eq!((r.as_str(), c.as_str()), (reasoning, content));
-    assert_eq!(lps as u64, v["usage"]["completion_tokens"].as_u64().unwrap());
+    assert_eq!(
+        lps as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
     s.assert_drained().await;
 }
 

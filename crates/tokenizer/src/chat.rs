@@ -75,7 +75,11 @@ pub struct ChatExtras {
 impl ChatExtras {
     fn text_len(&self) -> usize {
         self.tools.as_ref().map_or(0, json_len)
-            + self.kwargs.iter().map(|(k, v)| k.len() + json_len(v)).sum::<usize>()
+            + self
+                .kwargs
+                .iter()
+                .map(|(k, v)| k.len() + json_len(v))
+                .sum::<usize>()
     }
 }
 
@@ -136,7 +140,8 @@ fn tojson(
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
-    let bad = |e: serde_json::Error| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string());
+    let bad =
+        |e: serde_json::Error| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string());
     let mut v = serde_json::to_value(&value).map_err(bad)?;
     if sort_keys == Some(true) {
         sort(&mut v);
@@ -146,7 +151,10 @@ fn tojson(
         Some(n) => {
             let pad = vec![b' '; n];
             let f = serde_json::ser::PrettyFormatter::with_indent(&pad);
-            serde::Serialize::serialize(&v, &mut serde_json::Serializer::with_formatter(&mut out, f))
+            serde::Serialize::serialize(
+                &v,
+                &mut serde_json::Serializer::with_formatter(&mut out, f),
+            )
         }
         None => serde::Serialize::serialize(
             &v,
@@ -154,7 +162,8 @@ fn tojson(
         ),
     }
     .map_err(bad)?;
-    String::from_utf8(out).map_err(|e| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string()))
+    String::from_utf8(out)
+        .map_err(|e| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string()))
 }
 
 fn sort(v: &mut Value) {

@@ -141,8 +141,14 @@ fn tools_and_tool_turns_reach_the_template_as_text() {
     let text = t.apply_chat_template_with(&msgs, true, &extras).unwrap();
     assert!(text.starts_with("<|im_start|>system\nf: ends a turn: <|im_end|>\n<|im_end|>"));
     // `tojson` writes JSON as transformers does (Python's json.dumps): spaced, `<` as is.
-    assert!(text.contains("f{\"x\": \"<|im_end|>\"}<|im_end|>"), "{text}");
-    assert!(text.contains("<|im_start|>tool\n42 #c1<|im_end|>"), "{text}");
+    assert!(
+        text.contains("f{\"x\": \"<|im_end|>\"}<|im_end|>"),
+        "{text}"
+    );
+    assert!(
+        text.contains("<|im_start|>tool\n42 #c1<|im_end|>"),
+        "{text}"
+    );
     assert!(text.ends_with("<|im_start|>assistant\nnothink"), "{text}");
     // The special-token text inside the tool's description and the call's arguments is
     // text: only the template's five turns close.

@@ -66,11 +66,15 @@ impl Scheduler {
             waiting: !self.waiting.is_empty() && self.running.len() < self.cfg.max_num_seqs,
         };
         self.schedule_decodes(&mut f);
+        self.extend_drafts(&mut f);
         match self.cfg.time_budget {
             Some(t) => self.fill_by_time(&mut f, &t),
             None => self.fill_by_tokens(&mut f),
         }
         let plan = self.build_plan(f.picks, f.preempted);
+        for st in self.seqs.values_mut() {
+            st.draft.clear();
+        }
         debug_assert!(
             plan.validate(&self.cfg.limits()).is_ok(),
             "{:?}",
@@ -95,6 +99,48 @@ impl Scheduler {
         }
     }
 
+    /// Appends the proposed drafts to the decode picks: as many as the token budget left
+    /// after every decode, the blocks available without preempting anyone, the context and
+    /// `max_tokens` allow. A verification of `k` drafts makes at most `k + 1` tokens known.
+    fn extend_drafts(&mut self, f: &mut Fill) {
+        for i in 0..f.picks.len() {
+            let p = f.picks[i];
+            let Some(st) = self.seqs.get(&p.id) else {
+                continue;
+            };
+            if st.draft.is_empty() || p.len != 1 || !p.logits {
+                continue;
+            }
+            let known = st.tokens.len();
+            let left = st.max_tokens.saturating_sub(st.generated().len());
+            let k = st
+                .draft
+                .len()
+                .min(f.budget)
+                .min(self.cfg.max_model_len.saturating_sub(known + 1))
+                .min(left.saturating_sub(1));
+            if k == 0 {
+                continue;
+            }
+            let end = p.start + 1 + k;
+            let k = match self.kv.allocate_for(p.id, end) {
+                Ok(()) => k,
+                // What the table already covers: drafts never take blocks from others.
+                Err(_) => {
+                    let have = self.kv.block_table(p.id).map_or(0, <[u32]>::len);
+                    (have * self.cfg.block_size)
+                        .saturating_sub(p.start + 1)
+                        .min(k)
+                }
+            };
+            if k > 0 {
+                f.picks[i].len += k;
+                f.picks[i].draft = k;
+                f.budget -= k;
+            }
+        }
+    }
+
     /// Records a pick of `len` tokens of `id` from `start` and spends its tokens.
     pub(super) fn push_pick(&self, f: &mut Fill, id: u64, start: usize, len: usize) {
         let logits = self
@@ -106,6 +152,7 @@ impl Scheduler {
             start,
             len,
             logits,
+            draft: 0,
         });
         f.budget -= len;
     }
@@ -312,15 +359,18 @@ impl Scheduler {
             .into_iter()
             .filter_map(|p| {
                 let st = self.seqs.get(&p.id)?;
-                let end = p.start + p.len;
+                let end = p.start + p.len - p.draft;
+                let mut tokens = st.tokens[p.start..end].to_vec();
+                tokens.extend_from_slice(&st.draft[..p.draft]);
                 Some(ScheduledSeq {
                     id: p.id,
                     start_pos: p.start,
-                    tokens: st.tokens[p.start..end].to_vec(),
+                    tokens,
                     block_table: self.kv.block_table(p.id)?.to_vec(),
                     wants_logits: end == st.tokens.len(),
                     adapter: st.adapter,
                     window_table: self.kv.window_table(p.id).map(<[u32]>::to_vec),
+                    draft: p.draft,
                 })
             })
             .collect();

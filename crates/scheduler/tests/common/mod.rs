@@ -63,3 +63,47 @@ pub fn run_to_end(s: &mut Scheduler, max_steps: usize) -> Vec<StepPlan> {
 pub fn req(id: u64, len: usize, max_tokens: usize) -> Request {
     Request::new(id, prompt(len, id as u32), max_tokens)
 }
+
+/// Like [`step`], with speculation: before scheduling, every decoding request is proposed a
+/// draft of up to `max_k` tokens whose first `wrong_at(id, n)` are right (what
+/// [`sample`] gives there) and the rest wrong; the fake verifier accepts the longest right
+/// prefix and samples the token after it, as a target model would.
+pub fn spec_step(s: &mut Scheduler, max_k: usize, salt: u64) -> StepPlan {
+    for id in s.decoding() {
+        let n = s.tokens(id).expect("decoding").len();
+        let h = (id * 31 + n as u64 * 17 + salt * 7) % 97;
+        let k = (h as usize) % (max_k + 1);
+        let right = (h as usize / 3) % (k + 1);
+        let draft: Vec<u32> = (0..k)
+            .map(|j| {
+                let t = sample(id, n + j);
+                if j < right {
+                    t
+                } else {
+                    t + 1
+                }
+            })
+            .collect();
+        assert!(s.propose(id, draft));
+    }
+    let plan = s.schedule();
+    plan.validate(&s.config().limits()).expect("valid plan");
+    s.check().expect("consistent before update");
+    let mut result = StepResult::default();
+    for q in plan.seqs.iter().filter(|q| q.wants_logits) {
+        let e = q.known_end();
+        let a = q
+            .drafts()
+            .iter()
+            .enumerate()
+            .take_while(|&(j, &t)| t == sample(q.id, e + j))
+            .count();
+        if q.draft > 0 {
+            result.accepted.push((q.id, a));
+        }
+        result.sampled.push((q.id, sample(q.id, e + a)));
+    }
+    s.update(&plan, &result).expect("update");
+    s.check().expect("consistent after update");
+    plan
+}

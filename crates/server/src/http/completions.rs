@@ -282,7 +282,8 @@ async fn chat_inner(state: Arc<AppState>, req: ChatRequest) -> Result<Response, 
     let output = state.output.clone();
     let parser = move || ChoiceParser::new(&output, call_tools.as_deref().map(Vec::as_slice));
     if spec.stream {
-        let mut choices: Vec<StreamedChoice> = (0..subs.len()).map(|_| Default::default()).collect();
+        let mut choices: Vec<StreamedChoice> =
+            (0..subs.len()).map(|_| Default::default()).collect();
         let with_logprobs = spec.logprobs().is_some();
         let stream = sse_stream(
             state.clone(),
@@ -305,7 +306,14 @@ async fn chat_inner(state: Arc<AppState>, req: ChatRequest) -> Result<Response, 
                     StreamItem::Finish(reason) => {
                         let parts = p.finish();
                         let called = p.made_calls() && reason == FinishReason::Stop;
-                        (parts, Some(if called { "tool_calls" } else { reason.as_str() }))
+                        (
+                            parts,
+                            Some(if called {
+                                "tool_calls"
+                            } else {
+                                reason.as_str()
+                            }),
+                        )
                     }
                 };
                 let mut out: Vec<Value> = parts

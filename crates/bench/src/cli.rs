@@ -157,6 +157,26 @@ pub enum BenchCommand {
         /// KV cache element type: f32 or f16.
         #[arg(long, default_value = "f32")]
         kv_dtype: tessera_engine::KvDtype,
+        /// Measure speculative decoding instead: `ngram` (prompt lookup) or `draft:PATH` (a
+        /// draft model with the same vocabulary), against plain decoding in the same run,
+        /// on the code-editing, summarizing and chat workloads (greedy; outputs checked
+        /// identical). --gen-tokens bounds each output.
+        #[arg(long, value_name = "ngram|draft:PATH")]
+        speculative: Option<String>,
+        /// Drafted tokens per verification with --speculative: a number or `auto`.
+        #[arg(long, default_value = "auto")]
+        spec_tokens: String,
+        /// Sequences batched in the second measurement of --speculative (0: single stream
+        /// only).
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// With --speculative: only these workloads (code, summary, chat), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        workloads: Vec<String>,
+        /// With --speculative: a JSON file of workloads ({"name": ["prompt", ...]}) instead of
+        /// the built-in ones (docs/bench/spec/workloads.json).
+        #[arg(long)]
+        workload_file: Option<PathBuf>,
     },
     /// Load generator for an OpenAI-compatible server (Tessera, llama-server, vLLM):
     /// streaming requests; TTFT, TPOT, latency, throughput and goodput.
@@ -395,6 +415,34 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Model {
             model,
+            gen_tokens,
+            threads,
+            precision,
+            reps,
+            json,
+            speculative: Some(drafter),
+            spec_tokens,
+            clients,
+            workloads,
+            workload_file,
+            ..
+        } => crate::spec::run_spec(&crate::spec::SpecBenchConfig {
+            model,
+            threads: threads.unwrap_or_else(default_threads).max(1),
+            precision: precision.into(),
+            drafter: tessera_engine::spec::DrafterSpec::parse(&drafter)
+                .map_err(|e| anyhow::anyhow!("--speculative: {e}"))?,
+            tokens: tessera_engine::spec::SpecTokens::parse(&spec_tokens)
+                .map_err(|e| anyhow::anyhow!("--spec-tokens: {e}"))?,
+            gen_tokens,
+            reps,
+            clients,
+            workloads,
+            workload_file,
+            json,
+        }),
+        BenchCommand::Model {
+            model,
             prompt_tokens,
             gen_tokens,
             threads,
@@ -409,6 +457,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             tp,
             tp_backend,
             kv_dtype,
+            speculative: None,
+            ..
         } => run_model(&ModelConfig {
             model,
             prompt_tokens,

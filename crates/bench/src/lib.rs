@@ -28,5 +28,6 @@ pub mod openblas;
 pub mod plot;
 pub mod serve;
 pub mod serve_plot;
+pub mod spec;
 pub mod stats;
 pub mod tp;

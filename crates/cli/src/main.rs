@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use tessera_engine::engine::default_threads;
-use tessera_engine::generate::generate;
+use tessera_engine::generate::generate_with;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::{
     store, Engine, GenerateRequest, KvDtype, SamplingParams, SplitBy, SubBatchPolicy, SubBatching,
@@ -83,6 +83,47 @@ pub(crate) struct ModelArgs {
     kv_dtype: KvDtype,
 }
 
+/// Speculative decoding flags (`generate`, `serve`).
+#[derive(clap::Args, Clone)]
+pub(crate) struct SpecArgs {
+    /// Speculative decoding: `ngram` (prompt lookup: drafts copied from earlier in the
+    /// prompt and output) or `draft:PATH` (a smaller model with the same vocabulary drafts).
+    /// Greedy outputs stay bitwise those of plain decoding; sampled ones keep their
+    /// distribution.
+    #[arg(long, value_name = "ngram|draft:PATH")]
+    pub speculative: Option<String>,
+    /// Drafted tokens verified per step: a number, or `auto` (chosen per sequence and step
+    /// from the measured acceptance and step time; none where drafting does not pay).
+    /// Requests may override it with `spec_tokens`.
+    #[arg(long, default_value = "auto", value_name = "K|auto")]
+    pub spec_tokens: String,
+}
+
+impl SpecArgs {
+    /// The settings, if speculating.
+    pub fn config(&self, tp: usize) -> Result<Option<tessera_engine::spec::SpecConfig>> {
+        use tessera_engine::spec::{DrafterSpec, SpecConfig, SpecTokens};
+        let Some(s) = &self.speculative else {
+            return Ok(None);
+        };
+        if tp > 1 {
+            bail!("--speculative does not run under --tp yet");
+        }
+        let drafter = DrafterSpec::parse(s).map_err(|e| anyhow::anyhow!("--speculative: {e}"))?;
+        if let DrafterSpec::Model(p) = &drafter {
+            if !p.exists() {
+                bail!(
+                    "--speculative draft:{}: no such file or folder",
+                    p.display()
+                );
+            }
+        }
+        let tokens = SpecTokens::parse(&self.spec_tokens)
+            .map_err(|e| anyhow::anyhow!("--spec-tokens: {e}"))?;
+        Ok(Some(SpecConfig { drafter, tokens }))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Generate text from a prompt, streaming it to stdout.
@@ -118,6 +159,8 @@ enum Command {
         /// Keep generating past end-of-sequence tokens.
         #[arg(long)]
         ignore_eos: bool,
+        #[command(flatten)]
+        spec: SpecArgs,
         #[command(flatten)]
         model: ModelArgs,
     },
@@ -546,9 +589,27 @@ fn run(cli: Cli) -> Result<()> {
             seed,
             stop,
             ignore_eos,
+            spec,
             model,
         } => {
             let engine = load(&model, Precision::Exact)?;
+            let mut speculation = match spec.config(model.tp)? {
+                None => None,
+                Some(c) => {
+                    let draft = match &c.drafter {
+                        tessera_engine::spec::DrafterSpec::Model(p) => {
+                            Some(tessera_engine::draft::DraftModel::load(
+                                p,
+                                engine.pool.units(),
+                                &engine,
+                                engine.config.max_position.min(1 << 16),
+                            )?)
+                        }
+                        _ => None,
+                    };
+                    Some((c, draft))
+                }
+            };
             let lora = adapter(&model, &engine)?;
             let prompt_ids = if chat {
                 // The prompt is the user's text: special tokens in it stay text.
@@ -578,7 +639,7 @@ fn run(cli: Cli) -> Result<()> {
                 ..Default::default()
             };
             let mut out = std::io::stdout().lock();
-            let stats = generate(&engine, &req, &mut |t| {
+            let stats = generate_with(&engine, &req, &mut speculation, &mut |t| {
                 let _ = out.write_all(t.as_bytes());
                 let _ = out.flush();
             })?;
@@ -591,6 +652,15 @@ fn run(cli: Cli) -> Result<()> {
                 stats.decode_tok_s(),
                 stats.finish
             );
+            if let Some(s) = stats.spec {
+                eprintln!(
+                    "speculative: {} of {} drafted tokens accepted ({:.0}%), {:.2} tokens per verification",
+                    s.accepted,
+                    s.drafted,
+                    100.0 * s.acceptance(),
+                    s.tokens_per_verification()
+                );
+            }
         }
     }
     Ok(())

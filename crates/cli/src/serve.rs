@@ -119,6 +119,8 @@ pub struct ServeArgs {
     /// Lexer work allowed per token of a constrained request; past it the request fails.
     #[arg(long, default_value_t = GrammarLimits::default().step_lexer_fuel)]
     pub grammar_step_fuel: u64,
+    #[command(flatten)]
+    pub spec: crate::SpecArgs,
     /// Parse special tokens (`<|im_end|>`...) written inside chat messages as control
     /// tokens. Off by default: message contents are text, so a user cannot close their
     /// turn or open a system one. Raw completions always parse them.
@@ -201,8 +203,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_loras,
         lora_batching,
         allow_special_tokens_in_chat,
+        spec,
         model,
     } = args;
+    let speculation = spec.config(model.tp)?;
 
     let seconds = |flag: &str, v: f64| {
         if v > 0.0 && v.is_finite() && v < 1e9 {
@@ -326,6 +330,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         http,
         tool_parser: tool_call_parser,
         reasoning_parser,
+        speculation,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

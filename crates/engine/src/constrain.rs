@@ -134,6 +134,7 @@ impl GrammarLimits {
 }
 
 /// The engine's parser factory: its tokenizer's token trie, shared by every matcher.
+#[derive(Clone)]
 pub struct Grammars {
     factory: Arc<ParserFactory>,
     vocab: usize,

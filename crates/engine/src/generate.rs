@@ -7,7 +7,9 @@ use std::time::Instant;
 use tessera_core::{Error, Result};
 use tessera_scheduler::SchedulerConfig;
 
+use crate::draft::DraftModel;
 use crate::request::{FinishReason, GenerateRequest, RequestEvent};
+use crate::spec::SpecConfig;
 use crate::step::StepEngine;
 use crate::{Engine, KV_BLOCK_SIZE};
 
@@ -23,6 +25,8 @@ pub struct GenerationStats {
     /// From the first token to the end.
     pub decode_secs: f64,
     pub finish: FinishReason,
+    /// The request's speculative work, when speculating.
+    pub spec: Option<crate::spec::SpecStats>,
 }
 
 impl GenerationStats {
@@ -54,6 +58,17 @@ pub fn generate(
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<GenerationStats> {
+    generate_with(engine, req, &mut None, on_text)
+}
+
+/// [`generate`] with speculative decoding when `spec` holds its settings (and the draft
+/// model for a draft-model drafter), which are handed back there afterwards.
+pub fn generate_with(
+    engine: &Engine,
+    req: &GenerateRequest,
+    spec: &mut Option<(SpecConfig, Option<DraftModel>)>,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerationStats> {
     // Before the clamp to the context below, so every front end refuses the same values.
     req.validate().map_err(|e| Error::Other(e.to_string()))?;
     let ctx_len = engine.config.max_position;
@@ -73,6 +88,21 @@ pub fn generate(
         return Err(Error::Other("max_tokens must be at least 1".into()));
     }
     let mut steps = StepEngine::new(engine, single_request_config(engine, n_prompt + max_tokens))?;
+    if let Some((cfg, model)) = spec.take() {
+        steps.set_speculation(Some(cfg), model)?;
+    }
+    let result = run_one(&mut steps, req, max_tokens, n_prompt, on_text);
+    *spec = steps.take_speculation();
+    result
+}
+
+fn run_one(
+    steps: &mut StepEngine<'_>,
+    req: &GenerateRequest,
+    max_tokens: usize,
+    n_prompt: usize,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<GenerationStats> {
     let req = GenerateRequest {
         max_tokens,
         ..req.clone()
@@ -107,6 +137,7 @@ pub fn generate(
                         prefill_secs: (first - t0).as_secs_f64(),
                         decode_secs: (end - first).as_secs_f64(),
                         finish: reason,
+                        spec: steps.spec_stats().map(|s| s.1),
                     });
                 }
                 RequestEvent::Failed { message } => return Err(Error::Other(message)),

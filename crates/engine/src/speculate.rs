@@ -95,6 +95,18 @@ impl StepEngine<'_> {
         Ok(())
     }
 
+    /// Turns speculative decoding off, handing back its settings and draft model (which
+    /// holds no sequence's KV afterwards).
+    pub fn take_speculation(&mut self) -> Option<(SpecConfig, Option<DraftModel>)> {
+        self.spec.take().map(|s| {
+            let mut model = s.model;
+            if let Some(m) = &mut model {
+                m.reset();
+            }
+            (s.cfg, model)
+        })
+    }
+
     /// The drafter's name and its counters so far, when speculating.
     pub fn spec_stats(&self) -> Option<(&'static str, SpecStats)> {
         self.spec.as_ref().map(|s| (s.cfg.drafter.name(), s.stats))

@@ -126,7 +126,10 @@ impl<'e> StepEngine<'e> {
             ws: (0..kv_len).map(|_| Workspace::new()).collect(),
             live: HashMap::new(),
             fit,
-            overlap_masks: true,
+            // Beside the forward only where a core is left over: on a machine whose cores
+            // all run the forward, a mask thread takes time from it (the masks are then
+            // computed after the forward, as each row is sampled).
+            overlap_masks: engine.pool.units() < crate::engine::default_threads(),
             spec: None,
         })
     }
@@ -167,8 +170,9 @@ impl<'e> StepEngine<'e> {
         };
     }
 
-    /// Whether constrained rows' token masks are computed while the forward runs (on by
-    /// default); off, each is computed after the forward, when its row is sampled.
+    /// Whether constrained rows' token masks are computed while the forward runs (by
+    /// default, where the forward leaves a core free); off, each is computed after the
+    /// forward, when its row is sampled.
     pub fn overlap_masks(&mut self, on: bool) {
         self.overlap_masks = on;
     }
@@ -195,12 +199,26 @@ impl<'e> StepEngine<'e> {
     }
 
     /// Queues request `id` (ids are the caller's and must be unique among live requests).
+    /// Its grammar, if it has one, is built here, on the calling thread: a front end with
+    /// other threads builds it there and calls [`StepEngine::submit_with`].
     pub fn submit(&mut self, id: u64, req: &GenerateRequest) -> Result<(), SubmitError> {
+        self.submit_with(id, req, None)
+    }
+
+    /// [`StepEngine::submit`] with the request's grammar already built from
+    /// `req.constraint` (`Grammars::matcher`); `None` builds it here if there is one.
+    pub fn submit_with(
+        &mut self,
+        id: u64,
+        req: &GenerateRequest,
+        built: Option<Constraint>,
+    ) -> Result<(), SubmitError> {
         req.validate()
             .map_err(|e| SubmitError::Invalid(e.to_string()))?;
-        let constraint = match &req.constraint {
-            None => None,
-            Some(spec) => Some(
+        let constraint = match (&req.constraint, built) {
+            (None, _) => None,
+            (Some(_), Some(c)) => Some(c),
+            (Some(spec), None) => Some(
                 self.engine
                     .grammars()
                     .and_then(|g| g.matcher(spec))

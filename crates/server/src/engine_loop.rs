@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
+use tessera_engine::constrain::{Constraint, ConstraintSpec, Grammars};
+use tessera_engine::draft::DraftModel;
+use tessera_engine::spec::{DrafterSpec, SpecConfig};
 use tessera_engine::step::panic_message;
 use tessera_engine::{Engine, GenerateRequest, RequestEvent, StepEngine, StepOutcome, SubmitError};
 use tessera_scheduler::SchedulerConfig;
@@ -32,6 +35,8 @@ use crate::metrics::Metrics;
 struct Pending {
     id: u64,
     req: GenerateRequest,
+    /// Its grammar, built off the engine thread.
+    constraint: Option<Constraint>,
     events: UnboundedSender<RequestEvent>,
 }
 
@@ -98,6 +103,9 @@ pub struct EngineHandle {
     pub admission: Arc<Admission>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
+    /// The grammar engine, so that constrained requests' grammars are built on the
+    /// blocking pool rather than on the engine thread, where they would stall every step.
+    grammars: Arc<Result<Grammars, String>>,
 }
 
 impl EngineHandle {
@@ -108,6 +116,43 @@ impl EngineHandle {
             .stopped()
             .unwrap_or_else(|| "the engine has stopped".into());
         ApiError::new(503, "server_error", reason)
+    }
+
+    /// The grammars of `reqs`' constraints (none if they have none), built on the blocking
+    /// pool. A constraint the grammar engine refuses gets 400 naming the problem.
+    async fn build_grammars(
+        &self,
+        reqs: &[GenerateRequest],
+    ) -> Result<Vec<Option<Constraint>>, ApiError> {
+        if reqs.iter().all(|r| r.constraint.is_none()) {
+            return Ok(Vec::new());
+        }
+        let specs: Vec<Option<ConstraintSpec>> =
+            reqs.iter().map(|r| r.constraint.clone()).collect();
+        let grammars = self.grammars.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            let g = grammars.as_ref().as_ref().map_err(|e| e.clone())?;
+            specs
+                .iter()
+                .map(|s| s.as_ref().map(|s| g.matcher(s)).transpose())
+                .collect::<tessera_core::Result<Vec<_>>>()
+                .map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                500,
+                "server_error",
+                format!("building the grammar failed: {e}"),
+            )
+        })?;
+        built.map_err(|m| {
+            ApiError::new(
+                400,
+                "invalid_request_error",
+                format!("request rejected: {m}"),
+            )
+        })
     }
 
     /// Submits one request's sequences under `reservation` (one place each) and waits until
@@ -133,14 +178,16 @@ impl EngineHandle {
         if self.health.stopped().is_some() {
             return Err(self.stopped());
         }
+        let mut built = self.build_grammars(&reqs).await?;
         let mut group = Vec::with_capacity(reqs.len());
         let mut subs = Vec::with_capacity(reqs.len());
-        for req in reqs {
+        for (i, req) in reqs.into_iter().enumerate() {
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = unbounded_channel();
             group.push(Pending {
                 id,
                 req,
+                constraint: built.get_mut(i).and_then(Option::take),
                 events: tx,
             });
             subs.push(Submission {
@@ -177,6 +224,8 @@ impl EngineHandle {
 
 pub struct LoopConfig {
     pub scheduler: SchedulerConfig,
+    /// Speculative decoding (a draft model is loaded on the engine thread at start).
+    pub speculation: Option<SpecConfig>,
 }
 
 /// Where a live request's events go, and its timing for the metrics.
@@ -199,10 +248,13 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
     // The gate bounds sequences queued or running; the scheduler's own queue bound is raised
     // to the same capacity, so it never refuses what the gate admitted.
     let mut scheduler = cfg.scheduler;
+    let speculation = cfg.speculation;
     let capacity = scheduler.max_waiting + scheduler.max_num_seqs;
     scheduler.max_waiting = capacity;
     let admission = Admission::new(capacity, metrics.clone());
+    let grammars = Arc::new(engine.grammars().cloned().map_err(|e| e.to_string()));
     let handle = EngineHandle {
+        grammars,
         cmd: tx,
         next_id: Arc::new(AtomicU64::new(1)),
         admission: admission.clone(),
@@ -214,7 +266,23 @@ pub fn start(engine: Engine, cfg: LoopConfig) -> anyhow::Result<EngineHandle> {
     std::thread::Builder::new()
         .name("tessera-engine".into())
         .spawn(move || {
-            let steps = match StepEngine::new(&engine, scheduler) {
+            let positions = scheduler.num_blocks * scheduler.block_size;
+            let made = StepEngine::new(&engine, scheduler).and_then(|mut s| {
+                if let Some(spec) = speculation {
+                    let model = match &spec.drafter {
+                        DrafterSpec::Model(p) => Some(DraftModel::load(
+                            p,
+                            engine.pool.units(),
+                            &engine,
+                            positions,
+                        )?),
+                        DrafterSpec::NGram { .. } => None,
+                    };
+                    s.set_speculation(Some(spec), model)?;
+                }
+                Ok(s)
+            });
+            let steps = match made {
                 Ok(s) => {
                     let _ = ready_tx.send(Ok(()));
                     s
@@ -311,7 +379,7 @@ impl Loop<'_> {
     }
 
     /// Queues every sequence of `group`, or none of them (giving their places back).
-    fn admit(&mut self, group: Vec<Pending>) -> Result<(), ApiError> {
+    fn admit(&mut self, mut group: Vec<Pending>) -> Result<(), ApiError> {
         let max_waiting = self.steps.config().max_waiting;
         if self.steps.num_waiting() + group.len() > max_waiting {
             self.admission.release(group.len());
@@ -319,8 +387,9 @@ impl Loop<'_> {
                 "the waiting queue is full ({max_waiting} sequences); retry later"
             )));
         }
-        for (i, p) in group.iter().enumerate() {
-            if let Err(e) = self.steps.submit(p.id, &p.req) {
+        for i in 0..group.len() {
+            let p = &mut group[i];
+            if let Err(e) = self.steps.submit_with(p.id, &p.req, p.constraint.take()) {
                 for q in &group[..i] {
                     self.steps.abort(q.id);
                 }
@@ -375,6 +444,9 @@ impl Loop<'_> {
             .fetch_add(out.preempted as u64, Ordering::Relaxed);
         m.requests_failed
             .fetch_add(out.failed as u64, Ordering::Relaxed);
+        if out.spec.verifications > 0 {
+            *m.spec.lock().unwrap_or_else(|e| e.into_inner()) = self.steps.spec_stats();
+        }
         for (id, ev) in out.events {
             let Some(route) = self.routes.get_mut(&id) else {
                 continue;

@@ -44,6 +44,8 @@ pub struct ServeOptions {
     /// template, `"none"` turns one off.
     pub tool_parser: Option<String>,
     pub reasoning_parser: Option<String>,
+    /// Speculative decoding (`--speculative`, `--spec-tokens`).
+    pub speculation: Option<tessera_engine::spec::SpecConfig>,
 }
 
 /// Limits on what clients may send and how slowly.
@@ -132,6 +134,7 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         engine,
         engine_loop::LoopConfig {
             scheduler: opts.scheduler.clone(),
+            speculation: opts.speculation.clone(),
         },
     )?;
     let state = Arc::new(http::AppState {

@@ -71,6 +71,8 @@ pub struct Metrics {
     pub kv_dtype: Mutex<Option<&'static str>>,
     /// Under tensor parallelism: the measured link and the sub-batchings chosen.
     pub overlap: Mutex<Option<tessera_engine::OverlapStats>>,
+    /// With speculative decoding: the drafter's name and its counters.
+    pub spec: Mutex<Option<(&'static str, tessera_engine::spec::SpecStats)>>,
 }
 
 impl Metrics {
@@ -197,6 +199,9 @@ impl Metrics {
         if let Some(o) = &*self.overlap.lock().unwrap_or_else(|e| e.into_inner()) {
             render_overlap(o, &mut s);
         }
+        if let Some((name, st)) = &*self.spec.lock().unwrap_or_else(|e| e.into_inner()) {
+            render_spec(name, st, &mut s);
+        }
         self.ttft.render(
             "tessera_time_to_first_token_seconds",
             "Time to first token.",
@@ -213,6 +218,53 @@ impl Metrics {
 
 /// The tensor-parallel overlap planner's figures: the link it measured at start-up, how many
 /// steps ran with each sub-batching, and its prediction for the last step.
+/// Speculative decoding's counters and rates, labelled with the drafter.
+fn render_spec(name: &str, st: &tessera_engine::spec::SpecStats, s: &mut String) {
+    let rows: [(&str, &str, &str, f64); 6] = [
+        (
+            "tessera_spec_verifications_total",
+            "counter",
+            "Verification chunks run (a decode token and its drafts).",
+            st.verifications as f64,
+        ),
+        (
+            "tessera_spec_draft_tokens_total",
+            "counter",
+            "Drafted tokens verified.",
+            st.drafted as f64,
+        ),
+        (
+            "tessera_spec_accepted_tokens_total",
+            "counter",
+            "Drafted tokens accepted.",
+            st.accepted as f64,
+        ),
+        (
+            "tessera_spec_emitted_tokens_total",
+            "counter",
+            "Tokens verification chunks made (accepted drafts and the token after them).",
+            st.emitted as f64,
+        ),
+        (
+            "tessera_spec_acceptance_rate",
+            "gauge",
+            "Accepted share of the drafted tokens since start.",
+            st.acceptance(),
+        ),
+        (
+            "tessera_spec_tokens_per_step",
+            "gauge",
+            "Tokens per verification chunk since start (1 is plain decoding).",
+            st.tokens_per_verification(),
+        ),
+    ];
+    for (metric, kind, help, v) in rows {
+        s.push_str(&format!(
+            "# HELP {metric} {help}\n# TYPE {metric} {kind}\n{metric}{{drafter=\"{name}\"}} {v}\n"
+        ));
+    }
+}
+
 fn render_overlap(o: &tessera_engine::OverlapStats, s: &mut String) {
     if let Some(link) = &o.link {
         s.push_str(&format!(

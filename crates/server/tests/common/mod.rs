@@ -64,6 +64,7 @@ pub async fn start_opts(engine: Engine, edit: impl FnOnce(&mut ServeOptions)) ->
         http: Default::default(),
         tool_parser: None,
         reasoning_parser: None,
+        speculation: None,
     };
     edit(&mut opts);
     let router = tessera_server::app(engine, &opts).unwrap();

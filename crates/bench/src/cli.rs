@@ -216,7 +216,8 @@ pub enum BenchCommand {
         /// Approximate prompt length: that many random common words.
         #[arg(long, default_value_t = 100)]
         prompt_tokens: usize,
-        /// Prompts from a file, one per line, used in turn (instead of random words).
+        /// Prompts from a file, one per line or a JSON array of strings, used in turn
+        /// (instead of random words).
         #[arg(long)]
         prompt_file: Option<PathBuf>,
         /// Output tokens per request (max_tokens with ignore_eos; with --response-format,

@@ -190,6 +190,7 @@ mod tests {
         assert_eq!(base_url("http://h:1/"), "http://h:1");
         assert_eq!(base_url("http://h:1/v1/"), "http://h:1");
         assert_eq!(prompt_lines("a\n\n b \r\n"), vec!["a", " b "]);
+        assert_eq!(prompt_lines("[\"x\\ny\", \"\", \"z\"]"), vec!["x\ny", "z"]);
         let b = request_body(Endpoint::Chat, Some("m"), "hi", 8, 0.0);
         assert_eq!(b["messages"][0]["content"], "hi");
         assert_eq!(b["model"], "m");

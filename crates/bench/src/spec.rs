@@ -223,8 +223,8 @@ fn single_stream(
         fast.push(st as f64 / ss.max(1e-9));
     }
     Ok(Measured {
-        plain: median(&mut plain),
-        spec: median(&mut fast),
+        plain: median(&plain),
+        spec: median(&fast),
         stats,
         identical,
     })
@@ -252,8 +252,8 @@ fn batched(
         }
     }
     Ok(Measured {
-        plain: median(&mut plain),
-        spec: median(&mut fast),
+        plain: median(&plain),
+        spec: median(&fast),
         stats,
         identical,
     })

@@ -111,6 +111,19 @@ impl DraftModel {
         self.cost.fit()
     }
 
+    /// How many of `tokens` (a sequence's known tokens) the draft would feed before its
+    /// first draft: those past the prefix whose KV it holds.
+    pub fn lag(&self, id: u64, tokens: &[u32]) -> usize {
+        let have = self.seqs.get(&id).map_or(0, |s| {
+            s.tokens
+                .iter()
+                .zip(tokens)
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        tokens.len() - have.min(tokens.len().saturating_sub(1))
+    }
+
     /// Sequences the draft holds KV for.
     pub fn num_seqs(&self) -> usize {
         self.seqs.len()

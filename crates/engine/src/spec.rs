@@ -235,12 +235,17 @@ impl Default for RowCost {
 }
 
 /// One sequence's candidate drafts for the step: at most `avail` tokens, accepted at rate
-/// `alpha`.
+/// `alpha`; its first draft costs `setup` seconds more (a draft model catching up on the
+/// sequence, amortized over the tokens it has left).
 #[derive(Debug, Clone, Copy)]
 pub struct Candidate {
     pub alpha: f64,
     pub avail: usize,
+    pub setup: f64,
 }
+
+/// How much more a draft must be expected to yield than it costs, at the step's rate.
+const MARGIN: f64 = 1.1;
 
 /// How many drafts each candidate gets this step (`auto`): drafts are added likeliest
 /// first (the `j`-th of a sequence accepted with probability `alpha^j`) while the expected
@@ -270,12 +275,15 @@ pub fn choose_drafts(
         let Some((i, g)) = best else {
             break;
         };
-        if g * time <= gain * cost {
+        let c = cost + if k[i] == 0 { cands[i].setup } else { 0.0 };
+        // A tenth of margin: what the fits leave out (sampling each row, switching between
+        // the models' threads) is not free.
+        if g * time <= MARGIN * gain * c {
             break;
         }
         k[i] += 1;
         gain += g;
-        time += cost;
+        time += c;
     }
     k
 }
@@ -369,7 +377,11 @@ mod tests {
 
     #[test]
     fn auto_drafts_where_rows_are_cheap_and_acceptance_high() {
-        let c = |alpha, avail| Candidate { alpha, avail };
+        let c = |alpha, avail| Candidate {
+            alpha,
+            avail,
+            setup: 0.0,
+        };
         // One sequence, rows a tenth of the fixed part, high acceptance: several drafts.
         let k = choose_drafts(&[c(0.8, 8)], 0.01, 0.001, 0.0, 1, 1.0);
         assert!(k[0] >= 4, "{k:?}");
@@ -385,6 +397,10 @@ mod tests {
         // Never more than available.
         let k = choose_drafts(&[c(0.99, 2)], 0.01, 0.0001, 0.0, 1, 1.0);
         assert_eq!(k, vec![2]);
+        // A catch-up dearer than what drafting saves: none.
+        let mut x = c(0.8, 8);
+        x.setup = 0.05;
+        assert_eq!(choose_drafts(&[x], 0.01, 0.001, 0.0, 1, 1.0), vec![0]);
     }
 
     #[test]

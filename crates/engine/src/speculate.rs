@@ -156,6 +156,7 @@ impl StepEngine<'_> {
                     .map(|(id, d, auto)| Candidate {
                         alpha: sp.accept.rate(*id),
                         avail: if *auto { d.len() } else { 0 },
+                        setup: 0.0,
                     })
                     .collect();
                 let ks = choose_drafts(&cands, fixed, per_row, 0.0, rows, decodes);
@@ -176,11 +177,19 @@ impl StepEngine<'_> {
                 let (d_fixed, d_row) = m.cost();
                 let drafting = want.len() as f64;
                 let per_draft = d_row + d_fixed / drafting;
+                // A sequence the draft has not caught up on costs its catch-up once, spread
+                // over the tokens it has left.
                 let cands: Vec<Candidate> = want
                     .iter()
-                    .map(|&(id, k, auto)| Candidate {
-                        alpha: sp.accept.rate(id),
-                        avail: if auto { k } else { 0 },
+                    .map(|&(id, k, auto)| {
+                        let toks = self.sched.tokens(id).unwrap_or(&[]);
+                        let left = self.sched.tokens_left(id).unwrap_or(1).clamp(1, 256);
+                        let lag = m.lag(id, toks).saturating_sub(1);
+                        Candidate {
+                            alpha: sp.accept.rate(id),
+                            avail: if auto { k } else { 0 },
+                            setup: lag as f64 * d_row / left as f64,
+                        }
                     })
                     .collect();
                 let ks = choose_drafts(&cands, fixed, per_row, per_draft, rows, decodes);

@@ -236,3 +236,22 @@ fn a_request_can_turn_speculation_off_or_choose_its_k() {
     );
     assert_eq!(stats.unwrap().drafted, 0);
 }
+
+#[test]
+fn adapters_verify_what_the_base_model_drafts() {
+    let e = engine();
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/lora");
+    let pirate = e.load_adapter(&root.join("pirate")).unwrap();
+    let all7 = e.load_adapter(&root.join("rand-all7")).unwrap();
+    let mut reqs = prompts(&e);
+    reqs[0].adapter = Some(pirate.clone());
+    reqs[1].adapter = Some(all7);
+    reqs[3].adapter = Some(pirate);
+    let (plain, _) = run(&e, sched(256), None, &reqs);
+    // The draft model runs without adapters; the verification with each request's own.
+    for spec in [ngram(SpecTokens::Fixed(4)), self_draft(&e, SpecTokens::Fixed(4))] {
+        let (got, stats) = run(&e, sched(256), Some(spec), &reqs);
+        assert_eq!(got, plain);
+        assert!(stats.unwrap().accepted > 0);
+    }
+}

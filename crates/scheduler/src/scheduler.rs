@@ -176,6 +176,13 @@ impl Scheduler {
         self.seqs.get(&id).map(|s| s.tokens.as_slice())
     }
 
+    /// Tokens request `id` may still generate (`max_tokens` less those generated).
+    pub fn tokens_left(&self, id: u64) -> Option<usize> {
+        self.seqs
+            .get(&id)
+            .map(|s| s.max_tokens.saturating_sub(s.generated().len()))
+    }
+
     /// Running requests whose every known token has KV: the next step decodes them, and a
     /// drafter may propose tokens for them to verify ([`Scheduler::propose`]).
     pub fn decoding(&self) -> Vec<u64> {

@@ -186,8 +186,12 @@ pub fn request_body(
     body
 }
 
-/// The lines of a prompt file, empty ones skipped.
+/// The prompts of a prompt file: a JSON array of strings (prompts spanning lines), else its
+/// lines, empty ones skipped.
 pub fn prompt_lines(text: &str) -> Vec<String> {
+    if let Ok(v) = serde_json::from_str::<Vec<String>>(text) {
+        return v.into_iter().filter(|p| !p.trim().is_empty()).collect();
+    }
     text.lines()
         .map(|l| l.trim_end_matches('\r'))
         .filter(|l| !l.trim().is_empty())

@@ -10,6 +10,9 @@
 //! long prompt is prefilled over several steps without drafts) and yields the first draft,
 //! each later one feeds the previous draft.
 //!
+//! The step engine also feeds it each prompt chunk the target prefills ([`DraftModel::prefill`]),
+//! so its catch-up falls in the prompt's processing, as the target's does.
+//!
 //! Its blocks come from a pool of its own; a sequence that cannot get blocks is not drafted
 //! for, and a sequence's blocks are freed when it finishes ([`DraftModel::forget`]). A draft
 //! model's failure never fails a request: the step goes on without drafts.
@@ -127,6 +130,55 @@ impl DraftModel {
     /// Sequences the draft holds KV for.
     pub fn num_seqs(&self) -> usize {
         self.seqs.len()
+    }
+
+    /// Feeds the draft each `(id, tokens)`'s tokens it does not hold yet (no logits): its
+    /// prompt, alongside the target's prefill, so that drafting for the sequence later
+    /// needs no catch-up. A sequence the pool has no blocks for is skipped.
+    pub fn prefill(&mut self, reqs: &[(u64, &[u32])]) -> Result<()> {
+        let mut chunks = Vec::new();
+        for &(id, tokens) in reqs {
+            let seq = self.seqs.entry(id).or_insert(DraftSeq {
+                blocks: Vec::new(),
+                tokens: Vec::new(),
+            });
+            let agree = seq
+                .tokens
+                .iter()
+                .zip(tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            seq.tokens.truncate(agree);
+            let keep = seq.tokens.len().div_ceil(BLOCK);
+            self.free.extend(seq.blocks.drain(keep..));
+            let start = seq.tokens.len();
+            if start >= tokens.len() {
+                continue;
+            }
+            let need = tokens.len().div_ceil(BLOCK).saturating_sub(seq.blocks.len());
+            if need > self.free.len() {
+                continue;
+            }
+            let at = self.free.len() - need;
+            seq.blocks.extend(self.free.drain(at..));
+            seq.tokens.extend_from_slice(&tokens[start..]);
+            chunks.push(SeqChunk::new(
+                tokens[start..].to_vec(),
+                start,
+                seq.blocks.clone(),
+                LogitsFor::None,
+            ));
+        }
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let batch = BatchMeta { seqs: chunks };
+        let t = Instant::now();
+        self.engine
+            .forward_ranks(&batch, &mut self.kv, &mut self.ws, &[])?;
+        self.cost
+            .observe(batch.num_tokens() as f64, t.elapsed().as_secs_f64());
+        Ok(())
     }
 
     /// Drafts up to `k` tokens for each `(id, tokens, k)`: the target's known tokens of the

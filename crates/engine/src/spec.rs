@@ -155,10 +155,11 @@ impl SpecStats {
     }
 }
 
-/// Prompt lookup: the tokens that followed the latest earlier occurrence of the last `n`
-/// tokens of `seq`, for `n` from `max_n` down to `min_n`, at most `k` of them (empty if
-/// no suffix recurs). The match may overlap the suffix itself, so a repeating pattern
-/// continues.
+/// Prompt lookup: the tokens that followed an earlier occurrence of the last `n` tokens of
+/// `seq`, for `n` from `max_n` down to `min_n`, at most `k` of them (empty if no suffix
+/// recurs). Of the occurrences of the longest suffix that recurs, the latest with `k` tokens
+/// after it is taken, else the one with the most; the match may overlap the suffix itself,
+/// so a repeating pattern continues.
 pub fn ngram_draft(seq: &[u32], k: usize, min_n: usize, max_n: usize) -> Vec<u32> {
     let len = seq.len();
     if k == 0 || len < 2 {
@@ -166,15 +167,22 @@ pub fn ngram_draft(seq: &[u32], k: usize, min_n: usize, max_n: usize) -> Vec<u32
     }
     for n in (min_n.max(1)..=max_n.min(len - 1)).rev() {
         let suffix = &seq[len - n..];
-        // Latest start i < len - n where seq[i..i + n] == suffix.
+        // (start of the continuation, its length) of the best occurrence so far.
+        let mut best: Option<(usize, usize)> = None;
         for i in (0..len - n).rev() {
             if &seq[i..i + n] == suffix {
                 let from = i + n;
-                let to = (from + k).min(len);
-                if from < to {
-                    return seq[from..to].to_vec();
+                let avail = (len - from).min(k);
+                if best.is_none_or(|b| avail > b.1) {
+                    best = Some((from, avail));
+                }
+                if avail == k {
+                    break;
                 }
             }
+        }
+        if let Some((from, avail)) = best {
+            return seq[from..from + avail].to_vec();
         }
     }
     Vec::new()
@@ -350,6 +358,8 @@ mod tests {
         assert_eq!(ngram_draft(&[5, 7, 7, 7], 3, 1, 4), vec![7]);
         // The latest occurrence wins: "4" was followed by 1, later by 2.
         assert_eq!(ngram_draft(&[4, 1, 4, 2, 4], 1, 1, 1), vec![2]);
+        // ... unless a k-token continuation is only found further back.
+        assert_eq!(ngram_draft(&[4, 1, 2, 3, 4, 5, 4], 3, 1, 1), vec![1, 2, 3]);
         assert!(ngram_draft(&[1], 3, 1, 4).is_empty());
         assert!(ngram_draft(&[1, 1], 0, 1, 4).is_empty());
     }

@@ -112,6 +112,41 @@ impl StepEngine<'_> {
         self.spec.as_ref().map(|s| (s.cfg.drafter.name(), s.stats))
     }
 
+    /// Feeds a draft model the prompt chunks `plan` prefills (up to the chunk's end, the
+    /// last known token left for drafting), for the sequences that may speculate.
+    pub(crate) fn prefill_draft(&mut self, plan: &StepPlan) {
+        let Some(sp) = self.spec.as_mut() else {
+            return;
+        };
+        let Some(m) = sp.model.as_mut() else {
+            return;
+        };
+        let reqs: Vec<(u64, &[u32])> = plan
+            .seqs
+            .iter()
+            .filter(|s| s.draft == 0 && s.tokens.len() > 1)
+            .filter(|s| {
+                self.live
+                    .get(&s.id)
+                    .is_some_and(|l| l.spec_tokens != Some(0))
+            })
+            .filter_map(|s| {
+                let toks = self.sched.tokens(s.id)?;
+                let upto = if s.wants_logits { s.end_pos() - 1 } else { s.end_pos() };
+                Some((s.id, &toks[..upto.min(toks.len())]))
+            })
+            .collect();
+        if reqs.is_empty() {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        if let Err(e) = m.prefill(&reqs) {
+            tracing::warn!("the draft model's prefill failed: {e}");
+            m.reset();
+        }
+        sp.stats.draft_s += t0.elapsed().as_secs_f64();
+    }
+
     /// Proposes drafts for the decoding sequences of the coming step.
     pub(crate) fn propose_drafts(&mut self) {
         let Some(sp) = self.spec.as_mut() else {

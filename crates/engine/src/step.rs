@@ -250,6 +250,7 @@ impl<'e> StepEngine<'e> {
         let before = self.spec.as_ref().map(|s| s.stats);
         self.propose_drafts();
         let plan = self.sched.schedule();
+        self.prefill_draft(&plan);
         let mut out = StepOutcome {
             tokens: plan.num_tokens(),
             seqs: plan.seqs.len(),

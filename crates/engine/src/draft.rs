@@ -50,9 +50,17 @@ pub struct DraftModel {
 
 impl DraftModel {
     /// Loads the draft model at `path` on `threads` compute units, with a cache of
-    /// `positions` positions; its vocabulary must be `target`'s.
+    /// `positions` positions; its vocabulary must be `target`'s. It runs the fast path
+    /// (8-bit activations against the block-quantized weights): drafts are only proposals,
+    /// which the target verifies on its own path, so their numerics change no output, and
+    /// a cheaper draft pays more often.
     pub fn load(path: &Path, threads: usize, target: &Engine, positions: usize) -> Result<Self> {
-        let engine = Engine::load(path, threads)?;
+        let engine = Engine::load_with(
+            path,
+            threads,
+            tessera_kernels::plan::Precision::Fast,
+            crate::tuning::load_planner(),
+        )?;
         Self::new(engine, target, positions)
     }
 

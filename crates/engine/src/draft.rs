@@ -163,7 +163,10 @@ impl DraftModel {
             if start >= tokens.len() {
                 continue;
             }
-            let need = tokens.len().div_ceil(BLOCK).saturating_sub(seq.blocks.len());
+            let need = tokens
+                .len()
+                .div_ceil(BLOCK)
+                .saturating_sub(seq.blocks.len());
             if need > self.free.len() {
                 continue;
             }

@@ -132,7 +132,11 @@ impl StepEngine<'_> {
             })
             .filter_map(|s| {
                 let toks = self.sched.tokens(s.id)?;
-                let upto = if s.wants_logits { s.end_pos() - 1 } else { s.end_pos() };
+                let upto = if s.wants_logits {
+                    s.end_pos() - 1
+                } else {
+                    s.end_pos()
+                };
                 Some((s.id, &toks[..upto.min(toks.len())]))
             })
             .collect();

@@ -250,7 +250,10 @@ fn adapters_verify_what_the_base_model_drafts() {
     reqs[3].adapter = Some(pirate);
     let (plain, _) = run(&e, sched(256), None, &reqs);
     // The draft model runs without adapters; the verification with each request's own.
-    for spec in [ngram(SpecTokens::Fixed(4)), self_draft(&e, SpecTokens::Fixed(4))] {
+    for spec in [
+        ngram(SpecTokens::Fixed(4)),
+        self_draft(&e, SpecTokens::Fixed(4)),
+    ] {
         let (got, stats) = run(&e, sched(256), Some(spec), &reqs);
         assert_eq!(got, plain);
         assert!(stats.unwrap().accepted > 0);

@@ -259,3 +259,32 @@ fn adapters_verify_what_the_base_model_drafts() {
         assert!(stats.unwrap().accepted > 0);
     }
 }
+
+/// The fast path (8-bit activations against block-quantized weights: integer dot products,
+/// combined per row in a fixed order) also computes each row the same whatever else the
+/// step holds, so speculation keeps its greedy tokens too.
+#[test]
+fn the_fast_path_keeps_its_tokens_under_speculation() {
+    let path = store::resolve_model(None).unwrap();
+    let e = Engine::load_with(
+        &path,
+        2,
+        tessera_kernels::plan::Precision::Fast,
+        tessera_engine::tuning::load_planner(),
+    )
+    .unwrap();
+    let reqs = prompts(&e);
+    let (plain, _) = run(&e, sched(256), None, &reqs);
+    for k in [1, 4, 8] {
+        let (got, stats) = run(&e, sched(256), Some(ngram(SpecTokens::Fixed(k))), &reqs);
+        assert_eq!(got, plain, "n-gram drafter, k = {k}");
+        assert!(stats.unwrap().drafted > 0);
+    }
+    let (got, _) = run(
+        &e,
+        sched(256),
+        Some(self_draft(&e, SpecTokens::Fixed(3))),
+        &reqs,
+    );
+    assert_eq!(got, plain, "draft model");
+}

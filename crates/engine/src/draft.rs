@@ -117,9 +117,9 @@ impl DraftModel {
         }
     }
 
-    /// Seconds of one draft forward as `fixed + per_row × rows`, fitted to those run.
-    pub fn cost(&self) -> (f64, f64) {
-        self.cost.fit()
+    /// Seconds of its forwards against their rows, fitted to those run.
+    pub fn cost(&self) -> &crate::spec::RowCost {
+        &self.cost
     }
 
     /// How many of `tokens` (a sequence's known tokens) the draft would feed before its

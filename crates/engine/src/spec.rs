@@ -188,11 +188,18 @@ pub fn ngram_draft(seq: &[u32], k: usize, min_n: usize, max_n: usize) -> Vec<u32
     Vec::new()
 }
 
-/// Online fit of a step's seconds as `fixed + per_row × rows` (exponentially weighted least
-/// squares), with the prior of a step whose rows cost a tenth of its fixed part each.
+/// Online model of a step's seconds against its rows: one-row steps (a lone decode) are
+/// timed apart (smoothed), and steps of more rows are fitted as `fixed + per_row × rows`
+/// (exponentially weighted least squares, with a faint prior: a step whose rows cost a
+/// tenth of its fixed part each, which matters only until two row counts have been seen).
+/// Kept apart because the step from one row to two can cost far more than a row: a
+/// one-row product reads the weights once as a matrix-vector product, while two rows may
+/// take another kernel (on the exact path, one that widens the weights first).
 #[derive(Debug, Clone)]
 pub struct RowCost {
-    // Weighted sums of 1, x, y, x², xy.
+    /// Seconds of a one-row step, smoothed.
+    one: Option<f64>,
+    // Weighted sums of 1, x, y, x², xy over the steps of two rows or more.
     s: [f64; 5],
 }
 
@@ -200,10 +207,13 @@ impl RowCost {
     const DECAY: f64 = 0.98;
 
     pub fn new() -> Self {
-        // A pseudo-observation pair: 1 row in 10 ms, 33 rows in 42 ms (per row 1 ms).
-        let mut c = RowCost { s: [0.0; 5] };
-        c.observe(1.0, 0.010);
-        c.observe(33.0, 0.042);
+        // Pseudo-observations: 1 row in 10 ms, 33 rows in 42 ms (per row 1 ms).
+        let mut c = RowCost {
+            one: None,
+            s: [0.0; 5],
+        };
+        c.add(1.0, 0.010, 1e-3);
+        c.add(33.0, 0.042, 1e-3);
         c
     }
 
@@ -211,17 +221,25 @@ impl RowCost {
         if !(secs.is_finite() && secs > 0.0 && rows > 0.0) {
             return;
         }
+        if rows <= 1.0 {
+            self.one = Some(self.one.map_or(secs, |t| t + 0.2 * (secs - t)));
+            return;
+        }
         for v in &mut self.s {
             *v *= Self::DECAY;
         }
-        self.s[0] += 1.0;
-        self.s[1] += rows;
-        self.s[2] += secs;
-        self.s[3] += rows * rows;
-        self.s[4] += rows * secs;
+        self.add(rows, secs, 1.0);
     }
 
-    /// `(fixed, per_row)` seconds, both kept positive.
+    fn add(&mut self, x: f64, y: f64, w: f64) {
+        self.s[0] += w;
+        self.s[1] += w * x;
+        self.s[2] += w * y;
+        self.s[3] += w * x * x;
+        self.s[4] += w * x * y;
+    }
+
+    /// `(fixed, per_row)` seconds of steps of several rows, both kept positive.
     pub fn fit(&self) -> (f64, f64) {
         let [n, x, y, xx, xy] = self.s;
         let den = n * xx - x * x;
@@ -232,13 +250,29 @@ impl RowCost {
         let b = (n * xy - x * y) / den;
         let a = (y - b * x) / n;
         let b = b.max(1e-7);
-        (a.max(b), b)
+        (a.max(1e-6), b)
     }
-}
 
-impl Default for RowCost {
-    fn default() -> Self {
-        Self::new()
+    /// Predicted seconds of a step of `rows` rows.
+    pub fn predict(&self, rows: usize) -> f64 {
+        match (rows, self.one) {
+            (1, Some(t)) => t,
+            _ => {
+                let (a, b) = self.fit();
+                a + b * rows as f64
+            }
+        }
+    }
+
+    /// The step of `rows` rows as `(fixed, per_row, jump)`: `fixed + per_row × rows` is its
+    /// predicted time, and its first added row costs `jump` more than `per_row` (going from
+    /// one row to two).
+    pub fn model(&self, rows: usize) -> (f64, f64, f64) {
+        let (a, b) = self.fit();
+        match (rows, self.one) {
+            (1, Some(t)) => ((t - b).max(1e-6), b, (a + b - t).max(0.0)),
+            _ => (a, b, 0.0),
+        }
     }
 }
 
@@ -296,45 +330,54 @@ pub fn choose_drafts(
     k
 }
 
-/// Per-sequence acceptance, smoothed, starting from the drafter's running rate.
+/// Per-sequence acceptance: each examined draft is a trial, accepted or not, so the rate is
+/// kept as decayed counts of trials and acceptances (the estimate a run cut at its first
+/// rejection calls for), per sequence starting from the drafter's running rate.
 #[derive(Debug, Default)]
 pub struct Acceptance {
-    per_seq: HashMap<u64, f64>,
-    /// The drafter's running rate over all sequences.
-    global: Option<f64>,
+    /// (accepted, examined), decayed.
+    per_seq: HashMap<u64, (f64, f64)>,
+    global: Option<(f64, f64)>,
 }
 
 impl Acceptance {
-    /// Weight of the newest verification.
-    const W: f64 = 0.3;
-    /// The rate assumed before anything was measured.
+    /// Weight kept by the earlier counts at each verification.
+    const DECAY: f64 = 0.8;
+    /// The drafter's counts decay more slowly.
+    const GLOBAL_DECAY: f64 = 0.98;
+    /// The rate assumed before anything was measured, and the trials a new sequence's
+    /// prior (the drafter's rate) counts as.
     const PRIOR: f64 = 0.5;
+    const PRIOR_TRIALS: f64 = 2.0;
 
-    pub fn rate(&self, id: u64) -> f64 {
-        self.per_seq
-            .get(&id)
-            .copied()
-            .unwrap_or(self.global.unwrap_or(Self::PRIOR))
+    fn global_rate(&self) -> f64 {
+        match self.global {
+            Some((a, n)) if n > 0.0 => a / n,
+            _ => Self::PRIOR,
+        }
     }
 
-    /// A verification of `drafted` tokens of which `accepted` were: the per-position rate
-    /// `α` whose expected accepted prefix `Σ α^j` matches, approximately the accepted share
-    /// when the run ended on a rejection.
+    pub fn rate(&self, id: u64) -> f64 {
+        match self.per_seq.get(&id) {
+            Some(&(a, n)) if n > 0.0 => a / n,
+            _ => self.global_rate(),
+        }
+    }
+
+    /// A verification that examined `drafted` drafts and accepted `accepted` of them.
     pub fn observe(&mut self, id: u64, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
         }
-        // A run of a accepted then one rejected: α = a / (a + 1); all accepted: the run
-        // says only that α is high.
-        let x = if accepted == drafted {
-            (drafted as f64 + 1.0) / (drafted as f64 + 2.0)
-        } else {
-            accepted as f64 / (accepted as f64 + 1.0)
-        };
-        let g = self.global.unwrap_or(Self::PRIOR);
-        self.global = Some(g + 0.05 * (x - g));
-        let r = self.per_seq.entry(id).or_insert(g);
-        *r += Self::W * (x - *r);
+        let (a, n) = (accepted as f64, drafted as f64);
+        let g = self.global_rate();
+        let (ga, gn) = self.global.unwrap_or((0.0, 0.0));
+        self.global = Some((ga * Self::GLOBAL_DECAY + a, gn * Self::GLOBAL_DECAY + n));
+        let e = self
+            .per_seq
+            .entry(id)
+            .or_insert((g * Self::PRIOR_TRIALS, Self::PRIOR_TRIALS));
+        *e = (e.0 * Self::DECAY + a, e.1 * Self::DECAY + n);
     }
 
     pub fn forget(&mut self, id: u64) {
@@ -414,10 +457,37 @@ mod tests {
     }
 
     #[test]
+    fn row_cost_learns_dear_rows_from_few_row_steps() {
+        // Decodes of 1 row at 88 ms, verifications of 2-5 rows at 88 + 74 per extra row.
+        let mut c = RowCost::new();
+        for i in 0..40 {
+            c.observe(1.0, 0.088);
+            let rows = 2 + i % 4;
+            c.observe(rows as f64, 0.088 + 0.074 * (rows - 1) as f64);
+        }
+        let (a, b) = c.fit();
+        assert!(
+            (b - 0.074).abs() < 0.003 && (a - 0.014).abs() < 0.004,
+            "{a} {b}"
+        );
+        // Two rows cost far more than one: a jump, on top of the per-row cost.
+        let mut c = RowCost::new();
+        for i in 0..40 {
+            c.observe(1.0, 0.085);
+            let rows = 2 + i % 8;
+            c.observe(rows as f64, 0.300 + 0.005 * rows as f64);
+        }
+        assert!((c.predict(1) - 0.085).abs() < 1e-3);
+        let (fixed, per_row, jump) = c.model(1);
+        assert!((fixed + per_row - 0.085).abs() < 1e-3);
+        assert!((jump - 0.215).abs() < 0.01, "{jump}");
+    }
+
+    #[test]
     fn row_cost_fits_a_line() {
         let mut c = RowCost::new();
         for _ in 0..300 {
-            c.observe(1.0, 0.02);
+            c.observe(2.0, 0.021);
             c.observe(17.0, 0.036);
         }
         let (a, b) = c.fit();
@@ -434,7 +504,13 @@ mod tests {
         for _ in 0..20 {
             a.observe(1, 4, 4);
         }
-        assert!(a.rate(1) > 0.8);
+        assert!(a.rate(1) > 0.95);
+        // Runs cut at a rejection: three of four trials accepted is a rate of 0.75, not
+        // what a run's length alone would say.
+        for _ in 0..40 {
+            a.observe(3, 4, 3);
+        }
+        assert!((a.rate(3) - 0.75).abs() < 0.02, "{}", a.rate(3));
         for _ in 0..20 {
             a.observe(1, 4, 0);
         }

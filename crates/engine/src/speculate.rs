@@ -177,8 +177,10 @@ impl StepEngine<'_> {
         if want.is_empty() {
             return;
         }
-        let (fixed, per_row) = sp.cost.fit();
         let rows = ids.len() + sp.last_prefill_rows;
+        // Going from a one-row step to two may cost a jump: the drafts of the step's one
+        // sequence carry it.
+        let (fixed, per_row, jump) = sp.cost.model(rows);
         let decodes = ids.len() as f64;
         let t0 = std::time::Instant::now();
         let drafts: Vec<(u64, Vec<u32>)> = match (&sp.cfg.drafter, &mut sp.model) {
@@ -195,7 +197,7 @@ impl StepEngine<'_> {
                     .map(|(id, d, auto)| Candidate {
                         alpha: sp.accept.rate(*id),
                         avail: if *auto { d.len() } else { 0 },
-                        setup: 0.0,
+                        setup: jump,
                     })
                     .collect();
                 let ks = choose_drafts(&cands, fixed, per_row, 0.0, rows, decodes);
@@ -213,9 +215,8 @@ impl StepEngine<'_> {
             (DrafterSpec::Model(_), Some(m)) => {
                 // How many to draft is decided before drafting, which costs a forward per
                 // token: a draft's share of those forwards counts against it.
-                let (d_fixed, d_row) = m.cost();
-                let drafting = want.len() as f64;
-                let per_draft = d_row + d_fixed / drafting;
+                let drafting = want.len();
+                let per_draft = m.cost().predict(drafting) / drafting as f64;
                 // A sequence the draft has not caught up on costs its catch-up once, spread
                 // over the tokens it has left.
                 let cands: Vec<Candidate> = want
@@ -227,7 +228,7 @@ impl StepEngine<'_> {
                         Candidate {
                             alpha: sp.accept.rate(id),
                             avail: if auto { k } else { 0 },
-                            setup: lag as f64 * d_row / left as f64,
+                            setup: jump + lag as f64 * m.cost().fit().1 / left as f64,
                         }
                     })
                     .collect();

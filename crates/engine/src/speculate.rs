@@ -144,9 +144,17 @@ impl StepEngine<'_> {
             return;
         }
         let t0 = std::time::Instant::now();
-        if let Err(e) = m.prefill(&reqs) {
-            tracing::warn!("the draft model's prefill failed: {e}");
-            m.reset();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.prefill(&reqs))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!("the draft model's prefill failed: {e}");
+                m.reset();
+            }
+            Err(p) => {
+                let what = crate::step::panic_message(&*p);
+                tracing::error!("the draft model's prefill panicked: {what}");
+                m.reset();
+            }
         }
         sp.stats.draft_s += t0.elapsed().as_secs_f64();
     }
@@ -241,10 +249,19 @@ impl StepEngine<'_> {
                         Some((id, toks, if auto { ka } else { k }))
                     })
                     .collect();
-                match m.draft(&reqs) {
-                    Ok((d, _)) => d.into_iter().collect(),
-                    Err(e) => {
+                // The draft model's failure, even a panic, costs this step its drafts and
+                // nothing else.
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| m.draft(&reqs)));
+                match run {
+                    Ok(Ok((d, _))) => d.into_iter().collect(),
+                    Ok(Err(e)) => {
                         tracing::warn!("the draft model failed, no drafts this step: {e}");
+                        m.reset();
+                        Vec::new()
+                    }
+                    Err(p) => {
+                        let what = crate::step::panic_message(&*p);
+                        tracing::error!("the draft model panicked, no drafts this step: {what}");
                         m.reset();
                         Vec::new()
                     }

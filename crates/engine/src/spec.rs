@@ -276,6 +276,12 @@ impl RowCost {
     }
 }
 
+impl Default for RowCost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// One sequence's candidate drafts for the step: at most `avail` tokens, accepted at rate
 /// `alpha`; its first draft costs `setup` seconds more (a draft model catching up on the
 /// sequence, amortized over the tokens it has left).

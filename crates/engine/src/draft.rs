@@ -30,10 +30,29 @@ use crate::Engine;
 /// Positions per block of the draft's cache.
 const BLOCK: usize = 16;
 
+#[derive(Default)]
 struct DraftSeq {
     blocks: Vec<u32>,
     /// The tokens whose KV the draft holds, from position 0.
     tokens: Vec<u32>,
+}
+
+impl DraftSeq {
+    /// How many of its tokens agree with `tokens` from the start.
+    fn agree(&self, tokens: &[u32]) -> usize {
+        self.tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+    }
+
+    /// Keeps the KV of its first `n` tokens at most, giving the blocks past them to `free`.
+    fn keep(&mut self, n: usize, free: &mut Vec<u32>) {
+        self.tokens.truncate(n);
+        let keep = self.tokens.len().div_ceil(BLOCK);
+        free.extend(self.blocks.drain(keep..));
+    }
 }
 
 pub struct DraftModel {
@@ -125,13 +144,7 @@ impl DraftModel {
     /// How many of `tokens` (a sequence's known tokens) the draft would feed before its
     /// first draft: those past the prefix whose KV it holds.
     pub fn lag(&self, id: u64, tokens: &[u32]) -> usize {
-        let have = self.seqs.get(&id).map_or(0, |s| {
-            s.tokens
-                .iter()
-                .zip(tokens)
-                .take_while(|(a, b)| a == b)
-                .count()
-        });
+        let have = self.seqs.get(&id).map_or(0, |s| s.agree(tokens));
         tokens.len() - have.min(tokens.len().saturating_sub(1))
     }
 
@@ -146,19 +159,8 @@ impl DraftModel {
     pub fn prefill(&mut self, reqs: &[(u64, &[u32])]) -> Result<()> {
         let mut chunks = Vec::new();
         for &(id, tokens) in reqs {
-            let seq = self.seqs.entry(id).or_insert(DraftSeq {
-                blocks: Vec::new(),
-                tokens: Vec::new(),
-            });
-            let agree = seq
-                .tokens
-                .iter()
-                .zip(tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
-            seq.tokens.truncate(agree);
-            let keep = seq.tokens.len().div_ceil(BLOCK);
-            self.free.extend(seq.blocks.drain(keep..));
+            let seq = self.seqs.entry(id).or_default();
+            seq.keep(seq.agree(tokens), &mut self.free);
             let start = seq.tokens.len();
             if start >= tokens.len() {
                 continue;
@@ -207,20 +209,10 @@ impl DraftModel {
             if k == 0 || tokens.is_empty() {
                 continue;
             }
-            let seq = self.seqs.entry(id).or_insert(DraftSeq {
-                blocks: Vec::new(),
-                tokens: Vec::new(),
-            });
-            // Keep the KV of the prefix that still agrees with the target.
-            let agree = seq
-                .tokens
-                .iter()
-                .zip(tokens)
-                .take_while(|(a, b)| a == b)
-                .count();
-            seq.tokens.truncate(agree.min(tokens.len() - 1));
-            let keep = seq.tokens.len().div_ceil(BLOCK);
-            self.free.extend(seq.blocks.drain(keep..));
+            let seq = self.seqs.entry(id).or_default();
+            // Keep the KV of the prefix that still agrees with the target (the last known
+            // token is fed again, for its logits).
+            seq.keep(seq.agree(tokens).min(tokens.len() - 1), &mut self.free);
             let start = seq.tokens.len();
             let behind = tokens.len() - start;
             let feed = behind.min(self.max_catch_up);

@@ -108,6 +108,32 @@ pub struct LoraModule {
     pub b_t: Vec<f32>,
 }
 
+impl LoraModule {
+    /// The module restricted to input features `r` (A's columns): a row-parallel shard's
+    /// part, whose delta `scale · B (A[:, r] x[r])` is that rank's share of the whole.
+    pub fn slice_in(&self, r: std::ops::Range<usize>) -> LoraModule {
+        let inp = self.a.len() / self.rank;
+        LoraModule {
+            rank: self.rank,
+            scale: self.scale,
+            a: self.a.chunks(inp).flat_map(|row| &row[r.clone()]).copied().collect(),
+            b_t: self.b_t.clone(),
+        }
+    }
+
+    /// The module restricted to output features `r` (B's rows): a column-parallel shard's
+    /// part.
+    pub fn slice_out(&self, r: std::ops::Range<usize>) -> LoraModule {
+        let out = self.b_t.len() / self.rank;
+        LoraModule {
+            rank: self.rank,
+            scale: self.scale,
+            a: self.a.clone(),
+            b_t: self.b_t.chunks(out).flat_map(|row| &row[r.clone()]).copied().collect(),
+        }
+    }
+}
+
 /// Where an adapter came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdapterFormat {
@@ -191,6 +217,31 @@ impl LoraAdapter {
             format,
             layers,
         })
+    }
+
+    /// This adapter's part for a tensor-parallel rank whose configuration is `rank_cfg`:
+    /// every module replaced by `f(layer, target, module)` (a slice of its factors), checked
+    /// against `rank_cfg`, under the same id (the step's adapter table and the prefix cache
+    /// name adapters by id on every rank).
+    pub fn map_modules(
+        &self,
+        rank_cfg: &ModelConfig,
+        f: impl Fn(usize, Target, &LoraModule) -> LoraModule,
+    ) -> Result<Self> {
+        let modules = self
+            .layers
+            .iter()
+            .enumerate()
+            .flat_map(|(l, slots)| {
+                Target::ALL
+                    .into_iter()
+                    .filter_map(move |t| slots[t.index()].as_ref().map(|m| (l, t, m)))
+            })
+            .map(|(l, t, m)| (l, t, f(l, t, m)))
+            .collect();
+        let mut part = Self::from_modules(&self.path, self.format, rank_cfg, modules)?;
+        part.id = self.id;
+        Ok(part)
     }
 
     pub fn module(&self, layer: usize, target: Target) -> Option<&LoraModule> {

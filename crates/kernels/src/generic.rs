@@ -10,17 +10,24 @@ pub const LANES: usize = 8;
 /// a fixed lane tree, then the tail added in order.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_as(a, b)
+}
+
+/// [`dot_f32`] with `b` in another element type (f16, bf16) converted to f32 as it is read:
+/// on exactly converted values, bitwise [`dot_f32`] of the converted row.
+#[inline]
+pub fn dot_f32_as<W: Copy + Into<f32>>(a: &[f32], b: &[W]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len() / LANES * LANES;
     let mut acc = [0f32; LANES];
     for (ca, cb) in a[..n].chunks_exact(LANES).zip(b[..n].chunks_exact(LANES)) {
         for l in 0..LANES {
-            acc[l] += ca[l] * cb[l];
+            acc[l] += ca[l] * cb[l].into();
         }
     }
     let mut s = reduce_lanes(&acc);
     for i in n..a.len() {
-        s += a[i] * b[i];
+        s += a[i] * b[i].into();
     }
     s
 }

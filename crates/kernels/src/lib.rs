@@ -16,8 +16,8 @@
 //! - [`aligned`]: 64-byte-aligned scratch and record buffers (no split loads).
 //! - [`attn`]: flash-style tiled causal attention over paged f32 or f16 K/V (online
 //!   softmax); `x86::avx2_attn` is its AVX2 accumulator update and F16C conversion.
-//! - [`lora`]: batched multi-LoRA deltas (shrink then expand) over segments of rows;
-//!   `x86::lora_avx2` is its AVX2 expand.
+//! - [`lora`]: batched multi-LoRA deltas (shrink then expand) over segments of rows, factors
+//!   in f32, f16 or bf16; `x86::lora_avx2` is its AVX2 expand and shrink on halves.
 //!
 //! Numerics contract: the exact path dequantizes a weight to the f32 value the reference
 //! (`tessera_core::blocks`) defines, and each output element is a dot product whose
@@ -52,7 +52,9 @@ pub mod variants;
 pub mod x86;
 
 pub use isa::Isa;
-pub use lora::{lora_apply, lora_apply_reference, plan_lora, LoraPlan, LoraSplit, LoraTask};
+pub use lora::{
+    lora_apply, lora_apply_reference, plan_lora, FactorView, LoraPlan, LoraSplit, LoraTask,
+};
 pub use matmul::matmul;
 
 /// Whether weights for `precision` should be built with the 8-row interleaved repack

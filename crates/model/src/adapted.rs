@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use tessera_core::{Error, Result};
-use tessera_kernels::lora::{lora_apply, plan_lora, LoraTask};
+use tessera_kernels::lora::{lora_apply, plan_lora, FactorView, LoraTask};
 use tessera_lora::Target;
 
 use crate::batch::RowSegment;
@@ -78,8 +78,8 @@ impl Linear for AdaptedLinear {
                     tasks.push(LoraTask {
                         rows: seg.rows.clone(),
                         rank: md.rank,
-                        a: &md.a,
-                        b_t: &md.b_t,
+                        a: FactorView::F32(&md.a),
+                        b_t: FactorView::F32(&md.b_t),
                         scale: md.scale,
                         col0: part.start,
                         n: part.len(),

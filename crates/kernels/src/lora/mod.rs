@@ -9,6 +9,12 @@
 //! each column j: `acc = Σ_r t[r]·Bᵀ[r, j]` in order of r from zero and
 //! `out[i, col0 + j] += scale·acc` (expand). Ranks are heterogeneous and never padded.
 //!
+//! Factors are read as they are held ([`FactorView`]): f32, or f16 / bf16 at half the bytes,
+//! converted to f32 in registers as they are loaded (F16C's `vcvtph2ps`; bf16 by widening
+//! and a shift of 16) and accumulated in f32. The conversion is exact and changes no
+//! arithmetic, so a module held in halves gives bitwise the result of the same values held
+//! as f32, on every ISA.
+//!
 //! Batch invariance (bitwise, on a given ISA): each `t` is the crate's canonical dot product
 //! (order fixed by k alone; [`crate::dot_tile`] keeps it whatever the tile), and each output
 //! element has one fixed expand arithmetic whatever block or part its column falls in (FMA
@@ -26,6 +32,11 @@ use tessera_runtime::{split_range, split_range_aligned, DisjointMut, ThreadPool}
 
 use crate::Isa;
 
+mod factors;
+
+pub use factors::FactorView;
+pub(crate) use factors::{Elem, ElemKind};
+
 /// One (segment, part) pair: rows `rows` of the input use this adapter's A and B for the
 /// output columns `col0..col0 + n`.
 #[derive(Debug, Clone)]
@@ -33,12 +44,24 @@ pub struct LoraTask<'a> {
     pub rows: Range<usize>,
     pub rank: usize,
     /// A, row-major `rank × k`.
-    pub a: &'a [f32],
+    pub a: FactorView<'a>,
     /// B transposed, row-major `rank × n` (so the expand is a run of contiguous row updates).
-    pub b_t: &'a [f32],
+    pub b_t: FactorView<'a>,
     pub scale: f32,
     pub col0: usize,
     pub n: usize,
+}
+
+/// `$e` with `$v` bound to the view's slice, whatever its element type (one monomorphized
+/// copy of the generic code in `$e` per type).
+macro_rules! with_values {
+    ($view:expr, $v:ident => $e:expr) => {
+        match $view {
+            FactorView::F32($v) => $e,
+            FactorView::F16($v) => $e,
+            FactorView::BF16($v) => $e,
+        }
+    };
 }
 
 /// How a call's work is divided among units.
@@ -61,7 +84,6 @@ pub struct LoraPlan {
     /// Number of parts the work is cut into.
     pub units: usize,
 }
-
 /// Multiply-adds per ns of one core on cache-resident f32 tiles (≈ 20 GFLOP/s).
 const MACS_PER_NS: f64 = 10.0;
 /// Adapter bytes one core streams per ns (its share of DRAM bandwidth).
@@ -75,8 +97,8 @@ const COL_ALIGN: usize = 16;
 
 /// Chooses the plan from the shapes (rows per task, ranks, k, n, unit count) with a simple
 /// cost model: per part, multiply-adds at `MACS_PER_NS` plus adapter bytes read at
-/// `WEIGHT_BYTES_PER_NS`; a plan costs its slowest part per phase plus `DISPATCH_NS` per
-/// dispatch. On several units `Cols` must beat `Rows` by `COLS_MARGIN` (the model does not
+/// `WEIGHT_BYTES_PER_NS` (4 a value for f32 factors, 2 for halves); a plan costs its
+/// slowest part per phase plus `DISPATCH_NS` per dispatch. On several units `Cols` must beat `Rows` by `COLS_MARGIN` (the model does not
 /// price the rows split's locality: each t is used at once by the core that made it); the
 /// winner runs unless serial (`Rows` on 1 unit) is cheaper still.
 pub fn plan_lora(tasks: &[LoraTask], k: usize, units: usize) -> LoraPlan {
@@ -125,19 +147,22 @@ fn part_work(plan: &LoraPlan, tasks: &[LoraTask], k: usize, p: usize) -> [(usize
     let mut w = [(0, 0); 2];
     match plan.split {
         LoraSplit::Rows => for_rows_part(tasks, k, parts, p, |ti, rows, _| {
-            let per_row = tasks[ti].rank * (k + tasks[ti].n);
-            w[0] = (w[0].0 + rows.len() * per_row, w[0].1 + 4 * per_row);
+            let t = &tasks[ti];
+            let per_row = t.rank * (k + t.n);
+            let bytes = t.rank * (t.a.elem_bytes() * k + t.b_t.elem_bytes() * t.n);
+            w[0] = (w[0].0 + rows.len() * per_row, w[0].1 + bytes);
         }),
         LoraSplit::Cols => {
             for_dots_part(tasks, parts, p, |ti, dots, _| {
                 let a_rows = dots.len().min(tasks[ti].rank);
-                w[0] = (w[0].0 + dots.len() * k, w[0].1 + 4 * a_rows * k);
+                let bytes = tasks[ti].a.elem_bytes() * a_rows * k;
+                w[0] = (w[0].0 + dots.len() * k, w[0].1 + bytes);
             });
             for t in tasks.iter().filter(|t| active(t)) {
                 let cols = split_range_aligned(t.n, parts, p, COL_ALIGN).len();
                 w[1] = (
                     w[1].0 + t.rows.len() * t.rank * cols,
-                    w[1].1 + 4 * t.rank * cols,
+                    w[1].1 + t.b_t.elem_bytes() * t.rank * cols,
                 );
             }
         }
@@ -312,6 +337,18 @@ pub fn lora_apply(
 /// (numbered `row·rank + r`, as in the scratch), in tiles of canonical dots: up to 3 whole
 /// rows × 4 ranks, sharing loads; a partial row at either end on its own.
 fn shrink(x: &[f32], k: usize, task: &LoraTask, dots: Range<usize>, t: &mut [f32]) {
+    with_values!(task.a, a => shrink_as(x, k, task, a, dots, t))
+}
+
+/// [`shrink`] with A's values `a`.
+fn shrink_as<W: Elem>(
+    x: &[f32],
+    k: usize,
+    task: &LoraTask,
+    a: &[W],
+    dots: Range<usize>,
+    t: &mut [f32],
+) {
     let rank = task.rank;
     let x_row = |i: usize| &x[(task.rows.start + i) * k..][..k];
     let mut d = dots.start;
@@ -324,10 +361,10 @@ fn shrink(x: &[f32], k: usize, task: &LoraTask, dots: Range<usize>, t: &mut [f32
         let xs: [&[f32]; 3] = std::array::from_fn(|a| x_row(i0 + a.min(mr - 1)));
         for q in (r0..r1).step_by(4) {
             let nr = (r1 - q).min(4);
-            let ws: [&[f32]; 4] = std::array::from_fn(|b| &task.a[(q + b.min(nr - 1)) * k..][..k]);
+            let ws: [&[W]; 4] = std::array::from_fn(|b| &a[(q + b.min(nr - 1)) * k..][..k]);
             let base = i0 * rank + q - dots.start;
-            crate::dot_tile(&xs[..mr], &ws[..nr], &mut |a, b, v| {
-                t[base + a * rank + b] = v
+            W::dot_tile(&xs[..mr], &ws[..nr], &mut |i, r, v| {
+                t[base + i * rank + r] = v
             });
         }
         d += (mr - 1) * rank + r1 - r0;
@@ -345,9 +382,24 @@ fn expand(
     outs: DisjointMut<f32>,
     out_stride: usize,
 ) {
+    with_values!(task.b_t, b => expand_as(isa, task, b, t, rows, cols, outs, out_stride))
+}
+
+/// [`expand`] with Bᵀ's values `b_t`.
+#[allow(clippy::too_many_arguments)]
+fn expand_as<W: Elem>(
+    isa: Isa,
+    task: &LoraTask,
+    b_t: &[W],
+    t: &[f32],
+    rows: Range<usize>,
+    cols: Range<usize>,
+    outs: DisjointMut<f32>,
+    out_stride: usize,
+) {
     let (rank, len) = (task.rank, cols.len());
     assert!(cols.end <= task.n && t.len() >= rows.len() * rank);
-    let b = &task.b_t[cols.start..];
+    let (b, ldb) = (&b_t[cols.start..], task.n);
     let t_row = |i: usize| &t[(i - rows.start) * rank..][..rank];
     let out_at = |i: usize| (task.rows.start + i) * out_stride + task.col0 + cols.start;
     let _ = isa; // only x86 builds branch on it
@@ -361,12 +413,12 @@ fn expand(
                 false => std::ptr::null_mut(),
             });
             let tp: [*const f32; 4] = std::array::from_fn(|a| t_row(i0 + a.min(mr - 1)).as_ptr());
-            // SAFETY: AVX2+FMA checked via `Isa`; the first `mr` out rows hold `len` values
+            // SAFETY: AVX2+FMA+F16C checked via `Isa`; the first `mr` out rows hold `len` values
             // each (bounds-checked slices of distinct rows), each t row `rank`; Bᵀ rows are
-            // `n` apart and `cols.end <= n`, so each row r < rank of `b` has `len` values.
+            // `ldb = n` apart and `cols.end <= n`, so each row r < rank of `b` has `len` values.
             unsafe {
                 let b = b.as_ptr();
-                crate::x86::lora_avx2::expand_rows(o, tp, mr, b, task.n, rank, len, task.scale)
+                crate::x86::lora_avx2::expand_rows(o, tp, mr, b, ldb, rank, len, task.scale)
             }
         }
         return;
@@ -374,20 +426,27 @@ fn expand(
     for i in rows.clone() {
         // SAFETY: this part owns these (row, column) elements of out.
         let o = unsafe { outs.slice(out_at(i), len) };
-        expand_row_generic(o, t_row(i), b, task.n, task.scale);
+        expand_row_generic(o, t_row(i), b, ldb, task.scale);
     }
 }
 
 /// Portable twin of `x86::lora_avx2::expand_tile` for one row: per column, `acc += t[r]·b`
 /// over r in order from zero, then `out += scale·acc`; 64 columns of accumulators at a time.
-pub(crate) fn expand_row_generic(out: &mut [f32], t: &[f32], b: &[f32], ldb: usize, scale: f32) {
+/// Halves in `b` are converted to f32 (exactly) as they are read.
+pub(crate) fn expand_row_generic<W: Elem>(
+    out: &mut [f32],
+    t: &[f32],
+    b: &[W],
+    ldb: usize,
+    scale: f32,
+) {
     const C: usize = 64;
     for c0 in (0..out.len()).step_by(C) {
         let w = C.min(out.len() - c0);
         let mut acc = [0f32; C];
         for (r, &tr) in t.iter().enumerate() {
             for (a, &bv) in acc[..w].iter_mut().zip(&b[r * ldb + c0..][..w]) {
-                *a += tr * bv;
+                *a += tr * bv.into();
             }
         }
         for (o, &a) in out[c0..c0 + w].iter_mut().zip(&acc[..w]) {
@@ -407,14 +466,15 @@ pub fn lora_apply_reference(
     check(x, k, tasks, out.len(), out_stride);
     let mut res: Vec<f64> = out.iter().map(|&v| v as f64).collect();
     for task in tasks.iter().filter(|t| active(t)) {
+        let a: Vec<f32> = (0..task.a.len()).map(|i| task.a.get(i)).collect();
         for i in task.rows.clone() {
             let xi = &x[i * k..][..k];
             let dot =
                 |a: &[f32]| -> f64 { a.iter().zip(xi).map(|(&a, &x)| a as f64 * x as f64).sum() };
-            let t: Vec<f64> = (0..task.rank).map(|r| dot(&task.a[r * k..][..k])).collect();
+            let t: Vec<f64> = (0..task.rank).map(|r| dot(&a[r * k..][..k])).collect();
             for j in 0..task.n {
                 let acc: f64 = (0..task.rank)
-                    .map(|r| t[r] * task.b_t[r * task.n + j] as f64)
+                    .map(|r| t[r] * task.b_t.get(r * task.n + j) as f64)
                     .sum();
                 res[i * out_stride + task.col0 + j] += task.scale as f64 * acc;
             }

@@ -5,12 +5,15 @@
 //! with peft. Checked on the exact path: argmax at every position, the last position's top-20
 //! logits within 1e-2, and 32-token greedy continuations; the GGUF LoRA versions give the same
 //! logits as their PEFT folders; a batch mixing the base and several adapters gives every
-//! request the tokens it gets alone (exact and fast); adapters that do not fit are refused.
+//! request the tokens it gets alone (exact and fast); adapters that do not fit are refused;
+//! factors stored in f16 or bf16 are held so (half the bytes) and give bitwise the logits of
+//! the same values stored as f32.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::Value;
+use tessera_core::DType;
 use tessera_engine::generate::generate;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::sampling::argmax;
@@ -18,6 +21,7 @@ use tessera_engine::{
     store, Engine, GenerateRequest, RequestEvent, SamplingParams, StepEngine, KV_BLOCK_SIZE,
 };
 use tessera_kernels::plan::Precision;
+use tessera_lora::{Factors, Target};
 use tessera_scheduler::SchedulerConfig;
 
 fn root() -> PathBuf {
@@ -239,5 +243,149 @@ fn adapters_that_do_not_fit_are_refused_by_name() {
     );
     let missing = e.load_adapter(&dir.join("nope")).unwrap_err().to_string();
     assert!(missing.contains("nope"), "{missing}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `values` (of `dtype`'s little-endian `bytes`) rounded to `round` and stored as `store`.
+fn restored(bytes: &[u8], dtype: DType, round: DType, store: DType) -> Vec<u8> {
+    let v = Factors::from_le_bytes(bytes, dtype).unwrap().to_f32_vec();
+    let r = Factors::from_f32(&v, round).unwrap().to_f32_vec();
+    Factors::from_f32(&r, store).unwrap().to_le_bytes()
+}
+
+/// A copy of PEFT folder `src` in `dir`, every factor rounded to `round`, stored as `store`.
+fn peft_copy(src: &Path, dir: &Path, round: DType, store: DType) {
+    use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+    let ours = |d: Dtype| match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
+        d => panic!("{d:?}"),
+    };
+    let theirs = |d: DType| match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        _ => Dtype::BF16,
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(
+        src.join("adapter_config.json"),
+        dir.join("adapter_config.json"),
+    )
+    .unwrap();
+    let bytes = std::fs::read(src.join("adapter_model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let data: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let b = restored(t.data(), ours(t.dtype()), round, store);
+            (name, t.shape().to_vec(), b)
+        })
+        .collect();
+    let views = data.iter().map(|(n, shape, b)| {
+        (
+            n.clone(),
+            TensorView::new(theirs(store), shape.clone(), b).unwrap(),
+        )
+    });
+    let path = dir.join("adapter_model.safetensors");
+    safetensors::tensor::serialize_to_file(views, None, &path).unwrap();
+}
+
+/// A copy of GGUF LoRA file `src` at `dst`, factors rounded to `round`, stored as `store`.
+fn gguf_copy(src: &Path, dst: &Path, round: DType, store: DType) {
+    use tessera_formats::gguf::writer::{write, TensorSpec};
+    use tessera_formats::gguf::GgufFile;
+    let f = GgufFile::open(src).unwrap();
+    let ggml = |d: DType| match d {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        _ => 30,
+    };
+    let data: Vec<Vec<u8>> = f
+        .tensors
+        .iter()
+        .map(|info| {
+            let t = f.tensor(info).unwrap();
+            restored(t.data(), t.dtype, round, store)
+        })
+        .collect();
+    let specs: Vec<TensorSpec> = f
+        .tensors
+        .iter()
+        .zip(&data)
+        .map(|(info, b)| TensorSpec {
+            name: &info.name,
+            dims: &info.dims,
+            ggml_type: ggml(store),
+            data: b,
+        })
+        .collect();
+    let meta: Vec<(&str, _)> = f
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    std::fs::write(dst, write(&meta, &specs)).unwrap();
+}
+
+/// The element types `a`'s modules are held in.
+fn held(a: &LoraAdapter) -> Vec<DType> {
+    let mut v: Vec<DType> = (0..64)
+        .flat_map(|l| Target::ALL.map(|t| a.module(l, t)))
+        .flatten()
+        .flat_map(|m| [m.a.dtype(), m.b_t.dtype()])
+        .collect();
+    v.dedup();
+    v
+}
+
+/// On the exact path (the fast path differs only in the base product), with the golden's
+/// first prompt: a debug build runs the model slowly.
+#[test]
+fn half_factors_give_the_logits_of_their_values_held_as_f32() {
+    let g = goldens();
+    let dir = std::env::temp_dir().join(format!("tessera-lora-halves-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prompt = ids(&g["base"]["prompts"][0]["ids"]);
+    let all7 = root().join(g["adapters"]["rand-all7"]["path"].as_str().unwrap());
+    let ko_gguf = root().join(g["adapters"]["rand-ko"]["gguf"].as_str().unwrap());
+    let e = engine(Precision::Exact);
+    let base = e.logits_all(&prompt, None).unwrap();
+    // rand-all7 is stored in f16: held so as it is.
+    let stored = e.load_adapter(&all7).unwrap();
+    assert_eq!(held(&stored), [DType::F16]);
+    for round in [DType::F16, DType::BF16] {
+        let load = |what: &str, store: DType| {
+            let d = dir.join(format!("{round:?}-{what}-{store:?}"));
+            if what == "peft" {
+                peft_copy(&all7, &d, round, store);
+                e.load_adapter(&d).unwrap()
+            } else {
+                let f = d.with_extension("gguf");
+                gguf_copy(&ko_gguf, &f, round, store);
+                e.load_adapter(&f).unwrap()
+            }
+        };
+        for what in ["peft", "gguf"] {
+            let (halves, f32s) = (load(what, round), load(what, DType::F32));
+            assert_eq!(held(&halves), [round], "{what}");
+            assert_eq!(held(&f32s), [DType::F32], "{what}");
+            assert_eq!(2 * halves.bytes(), f32s.bytes(), "{what}");
+            if (what, round) == ("peft", DType::F16) {
+                assert_eq!(halves.bytes(), stored.bytes());
+            }
+            let x = e.logits_all(&prompt, Some(&halves)).unwrap();
+            let y = e.logits_all(&prompt, Some(&f32s)).unwrap();
+            let same = x
+                .data
+                .iter()
+                .zip(&y.data)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what} {round:?}: logits differ from f32's");
+            assert_ne!(x.data, base.data, "{what}: the adapter changed nothing");
+        }
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -2,20 +2,31 @@
 //! `blk.{i}.{attn_q,...,ffn_down}.weight.lora_a` (ggml `[in, r]`, i.e. `A` as `[r, in]`) and
 //! `.lora_b` (ggml `[r, out]`, `B` as `[out, r]`), with q/k rows of `B` already permuted as
 //! the base's are. Scale `adapter.lora.alpha / r`, or 1 when alpha is absent or 0, as
-//! llama.cpp applies it.
+//! llama.cpp applies it. F32, F16 and BF16 factors are held as stored; block-quantized ones
+//! (convert_lora_to_gguf's q8_0) are dequantized to f32.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use tessera_core::untrusted::quote;
-use tessera_core::{Error, Result};
+use tessera_core::{DType, Error, Result, WeightTensor};
 use tessera_formats::gguf::{GgufFile, MetaValue};
 use tessera_formats::{Arch, ModelConfig};
 
-use crate::{transpose, AdapterFormat, LoraAdapter, LoraModule, Target};
+use crate::{AdapterFormat, Factors, LoraAdapter, LoraModule, Target};
 
 fn bad(path: &Path, msg: impl Into<String>) -> Error {
     Error::Config(format!("adapter {}: {}", path.display(), msg.into()))
+}
+
+/// A tensor's values: as stored for F32, F16 and BF16, dequantized to f32 for the
+/// block-quantized types.
+fn factors(t: &WeightTensor) -> Factors {
+    match t.dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Factors::from_le_bytes(t.data(), t.dtype),
+        _ => None,
+    }
+    .unwrap_or_else(|| Factors::F32(t.to_f32_vec()))
 }
 
 pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
@@ -51,8 +62,7 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
         .get("adapter.lora.alpha")
         .and_then(MetaValue::as_f64)
         .unwrap_or(0.0);
-    let mut pairs: HashMap<(usize, Target), [Option<tessera_core::WeightTensor>; 2]> =
-        HashMap::new();
+    let mut pairs: HashMap<(usize, Target), [Option<WeightTensor>; 2]> = HashMap::new();
     for info in &f.tensors {
         let parsed = info.name.strip_prefix("blk.").and_then(|rest| {
             let (layer, rest) = rest.split_once('.')?;
@@ -107,8 +117,8 @@ pub fn load(path: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
             LoraModule {
                 rank,
                 scale,
-                a: a.to_f32_vec(),
-                b_t: transpose(&b.to_f32_vec(), out, rank),
+                a: factors(&a),
+                b_t: factors(&b).transposed(out, rank),
             },
         ));
     }

@@ -5,12 +5,18 @@
 //! checked against the base model's configuration: an adapter that does not fit is refused
 //! with an error naming the mismatch.
 //!
+//! Factors are held in the element type the file stores them in ([`Factors`]: f32, f16 or
+//! bf16); the kernels convert halves in registers and accumulate in f32.
+//!
 //! Rows of `B` for q and k are stored in the base model's order: PEFT tensors are in Hugging
 //! Face layout, so on a GGUF base whose q/k rows are permuted for interleaved-pair RoPE the
 //! same permutation is applied here; llama.cpp's GGUF LoRA files already carry it.
 
+pub mod factors;
 pub mod gguf;
 pub mod peft;
+
+pub use factors::Factors;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,9 +109,9 @@ pub struct LoraModule {
     pub rank: usize,
     pub scale: f32,
     /// `rank × in`, row-major.
-    pub a: Vec<f32>,
+    pub a: Factors,
     /// `rank × out`, row-major (B transposed).
-    pub b_t: Vec<f32>,
+    pub b_t: Factors,
 }
 
 impl LoraModule {
@@ -116,7 +122,7 @@ impl LoraModule {
         LoraModule {
             rank: self.rank,
             scale: self.scale,
-            a: self.a.chunks(inp).flat_map(|row| &row[r.clone()]).copied().collect(),
+            a: self.a.cols(inp, r),
             b_t: self.b_t.clone(),
         }
     }
@@ -129,7 +135,7 @@ impl LoraModule {
             rank: self.rank,
             scale: self.scale,
             a: self.a.clone(),
-            b_t: self.b_t.chunks(out).flat_map(|row| &row[r.clone()]).copied().collect(),
+            b_t: self.b_t.cols(out, r),
         }
     }
 }
@@ -202,7 +208,7 @@ impl LoraAdapter {
                     m.b_t.len()
                 )));
             }
-            if !m.scale.is_finite() || m.a.iter().chain(&m.b_t).any(|v| !v.is_finite()) {
+            if !m.scale.is_finite() || !m.a.all_finite() || !m.b_t.all_finite() {
                 return Err(Error::Config(format!("adapter {name}: non-finite values")));
             }
             let slot = &mut layers[layer][target.index()];
@@ -256,13 +262,13 @@ impl LoraAdapter {
             .collect()
     }
 
-    /// Bytes of the factors held.
+    /// Bytes of the factors held (4 a value for f32, 2 for f16 and bf16).
     pub fn bytes(&self) -> usize {
         self.layers
             .iter()
             .flatten()
             .flatten()
-            .map(|m| 4 * (m.a.len() + m.b_t.len()))
+            .map(|m| m.a.bytes() + m.b_t.bytes())
             .sum()
     }
 
@@ -286,10 +292,10 @@ pub fn permutes_qk(base: &ModelConfig) -> bool {
 /// Rows of an `[heads · d, cols]` matrix in Hugging Face ("rotate half") order, rearranged to
 /// the interleaved-pair order of llama GGUF files: GGUF row `h·d + 2j + s` is HF row
 /// `h·d + s·d/2 + j`.
-pub fn permute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+pub fn permute_rows<T: Copy>(values: &[T], heads: usize, cols: usize) -> Vec<T> {
     let rows = values.len() / cols.max(1);
     let d = rows / heads.max(1);
-    let mut out = vec![0f32; values.len()];
+    let mut out = values.to_vec();
     for h in 0..heads {
         for j in 0..d / 2 {
             for s in 0..2 {
@@ -304,8 +310,8 @@ pub fn permute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
 }
 
 /// `m` (`rows × cols`, row-major) transposed.
-pub(crate) fn transpose(m: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; m.len()];
+pub(crate) fn transpose<T: Copy>(m: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut t = m.to_vec();
     for r in 0..rows {
         for c in 0..cols {
             t[c * rows + r] = m[r * cols + c];

@@ -10,13 +10,13 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use tessera_core::untrusted::quote;
-use tessera_core::{Error, Result};
+use tessera_core::{DType, Error, Result};
 use tessera_formats::ModelConfig;
 
-use crate::{permute_rows, permutes_qk, transpose, AdapterFormat, LoraAdapter, LoraModule, Target};
+use crate::{permutes_qk, AdapterFormat, Factors, LoraAdapter, LoraModule, Target};
 
-/// A tensor read from the adapter file: its shape and its values as f32.
-type Tensor = (Vec<usize>, Vec<f32>);
+/// A tensor read from the adapter file: its shape and its values as the file stores them.
+type Tensor = (Vec<usize>, Factors);
 
 fn bad(path: &Path, msg: impl Into<String>) -> Error {
     Error::Config(format!("adapter {}: {}", path.display(), msg.into()))
@@ -216,28 +216,21 @@ fn parse_name(name: &str) -> Option<(usize, Vec<Target>, bool, String)> {
     ))
 }
 
-fn to_f32(t: &safetensors::tensor::TensorView, name: &str, path: &Path) -> Result<Vec<f32>> {
-    let b = t.data();
-    Ok(match t.dtype() {
-        Dtype::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::F16 => b
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::BF16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
+/// A tensor's values in its own element type (f32, f16 or bf16).
+fn factors(t: &safetensors::tensor::TensorView, name: &str, path: &Path) -> Result<Factors> {
+    let dtype = match t.dtype() {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::BF16 => DType::BF16,
         d => {
             return Err(bad(
                 path,
                 format!("tensor {} has unsupported dtype {d:?}", quote(name)),
             ))
         }
-    })
+    };
+    Factors::from_le_bytes(t.data(), dtype)
+        .ok_or_else(|| bad(path, format!("tensor {} has a partial value", quote(name))))
 }
 
 pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
@@ -269,7 +262,7 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
                 ),
             ));
         };
-        let values = to_f32(&t, &name, dir)?;
+        let values = factors(&t, &name, dir)?;
         let e = pairs
             .entry((layer, full))
             .or_insert_with(|| (targets, [None, None]));
@@ -299,12 +292,12 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
         }
         let mut row = 0;
         for (&target, &o) in targets.iter().zip(&outs) {
-            let part = &b[row * rank..(row + o) * rank];
+            let part = b.slice(row * rank..(row + o) * rank);
             row += o;
             let part = match (permute, target) {
-                (true, Target::Q) => permute_rows(part, base.n_heads, rank),
-                (true, Target::K) => permute_rows(part, base.n_kv_heads, rank),
-                _ => part.to_vec(),
+                (true, Target::Q) => part.rows_permuted(base.n_heads, rank),
+                (true, Target::K) => part.rows_permuted(base.n_kv_heads, rank),
+                _ => part,
             };
             modules.push((
                 layer,
@@ -313,7 +306,7 @@ pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
                     rank,
                     scale,
                     a: a.clone(),
-                    b_t: transpose(&part, o, rank),
+                    b_t: part.transposed(o, rank),
                 },
             ));
         }

@@ -3,20 +3,31 @@
 //! columns (fused q/k/v and gate/up apply each part's own factors to its column range). The
 //! adapters are the step's ([`ExecCtx::adapters`]), owned outside the model; all segments
 //! of all adapters go through one segment-grouped shrink/expand ([`tessera_kernels::lora`]),
-//! whose split over the compute units the LoRA planner picks from the shapes.
+//! whose split over the compute units the LoRA planner picks from the shapes. Factors reach
+//! the kernels in the element type the adapter file stores (f32, f16, bf16).
 
 use std::cell::RefCell;
 use std::ops::Range;
 
 use tessera_core::{Error, Result};
 use tessera_kernels::lora::{lora_apply, plan_lora, FactorView, LoraTask};
-use tessera_lora::Target;
+use tessera_lora::{Factors, Target};
 
 use crate::batch::RowSegment;
 use crate::linear::{ExecCtx, Linear};
 
 thread_local! {
     static SHRUNK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The kernels' view of a factor, in the element type it is held in (halves stay halves:
+/// the kernels convert them in registers).
+fn view(f: &Factors) -> FactorView<'_> {
+    match f {
+        Factors::F32(v) => FactorView::F32(v),
+        Factors::F16(v) => FactorView::F16(v),
+        Factors::BF16(v) => FactorView::BF16(v),
+    }
 }
 
 pub struct AdaptedLinear {
@@ -78,8 +89,8 @@ impl Linear for AdaptedLinear {
                     tasks.push(LoraTask {
                         rows: seg.rows.clone(),
                         rank: md.rank,
-                        a: FactorView::F32(&md.a),
-                        b_t: FactorView::F32(&md.b_t),
+                        a: view(&md.a),
+                        b_t: view(&md.b_t),
                         scale: md.scale,
                         col0: part.start,
                         n: part.len(),

@@ -159,19 +159,63 @@ pub struct LoraAdapter {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A PEFT folder's two files.
+pub const PEFT_CONFIG: &str = "adapter_config.json";
+pub const PEFT_WEIGHTS: &str = "adapter_model.safetensors";
+/// The pickle files a PEFT or PyTorch checkpoint may hold instead of safetensors.
+const PICKLE_NAMES: [&str; 3] = ["adapter_model.bin", "adapter_model.pt", "adapter_model.pth"];
+
+/// The refusal of a pickle file, with a one-line conversion to safetensors.
+pub(crate) fn pickle_refused(file: &Path) -> Error {
+    let name = file
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("adapter_model.bin");
+    Error::Config(format!(
+        "adapter {}: pickle files are not loaded (unpickling can run arbitrary code); convert \
+         it to safetensors once, in its folder, and load the folder (adapter_config.json \
+         beside it): python -c \"import torch; from safetensors.torch import save_file; \
+         save_file({{k: v.contiguous() for k, v in torch.load('{}', map_location='cpu', \
+         weights_only=True).items()}}, '{PEFT_WEIGHTS}')\"",
+        file.display(),
+        name,
+    ))
+}
+
 impl LoraAdapter {
-    /// Loads a PEFT folder (`adapter_config.json` + `adapter_model.safetensors`) or a
-    /// llama.cpp GGUF LoRA file, checked against `base`.
+    /// Loads an adapter, checked against `base`, from the layouts people have: a PEFT folder
+    /// (`adapter_config.json` + `adapter_model.safetensors`), either of those two files
+    /// (meaning their folder), or a llama.cpp GGUF LoRA file. Pickle files (`.bin`, `.pt`,
+    /// `.pth`, or a folder with only `adapter_model.bin`) are refused with how to convert
+    /// them: unpickling can run code.
     pub fn load(path: &Path, base: &ModelConfig) -> Result<Self> {
         if path.is_dir() {
-            peft::load(path, base)
-        } else if path.is_file() {
-            gguf::load(path, base)
-        } else {
-            Err(Error::Io {
+            let has = |f: &str| path.join(f).is_file();
+            if !has(PEFT_WEIGHTS) {
+                if let Some(p) = PICKLE_NAMES.iter().find(|f| has(f)) {
+                    return Err(pickle_refused(&path.join(p)));
+                }
+            }
+            return peft::load(path, base);
+        }
+        if !path.is_file() {
+            return Err(Error::Io {
                 path: path.to_path_buf(),
                 source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder"),
-            })
+            });
+        }
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+        match (name, ext.to_ascii_lowercase().as_str()) {
+            (PEFT_WEIGHTS | PEFT_CONFIG, _) => peft::load(folder.unwrap_or(Path::new(".")), base),
+            (_, "bin" | "pt" | "pth" | "pkl" | "ckpt") => Err(pickle_refused(path)),
+            (_, "safetensors") => Err(Error::Config(format!(
+                "adapter {}: a PEFT adapter is a folder holding {PEFT_CONFIG} and \
+                 {PEFT_WEIGHTS}; give that folder (or one of those two files)",
+                path.display()
+            ))),
+            _ => gguf::load(path, base),
         }
     }
 
@@ -319,6 +363,9 @@ pub(crate) fn transpose<T: Copy>(m: &[T], rows: usize, cols: usize) -> Vec<T> {
     }
     t
 }
+
+#[cfg(test)]
+mod layout_tests;
 
 #[cfg(test)]
 mod tests {

@@ -234,17 +234,14 @@ fn factors(t: &safetensors::tensor::TensorView, name: &str, path: &Path) -> Resu
 }
 
 pub fn load(dir: &Path, base: &ModelConfig) -> Result<LoraAdapter> {
-    let cfg_path = dir.join("adapter_config.json");
+    let cfg_path = dir.join(crate::PEFT_CONFIG);
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| Error::malformed("JSON", format!("{}: {e}", cfg_path.display())))?;
     let cfg = PeftConfig::parse(&v, dir)?;
-    let st_path = dir.join("adapter_model.safetensors");
+    let st_path = dir.join(crate::PEFT_WEIGHTS);
     if !st_path.exists() && dir.join("adapter_model.bin").exists() {
-        return Err(bad(
-            dir,
-            "only adapter_model.safetensors is read (adapter_model.bin is a pickle; convert it)",
-        ));
+        return Err(crate::pickle_refused(&dir.join("adapter_model.bin")));
     }
     let bytes = std::fs::read(&st_path).map_err(|e| Error::io(&st_path, e))?;
     let st = SafeTensors::deserialize(&bytes)

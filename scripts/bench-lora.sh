@@ -2,7 +2,8 @@
 # Multi-LoRA serving benchmark, end to end on this machine.
 #
 # Builds the release binary, writes 16 rank-8 q/v adapters and 16 rank-16 all-module
-# adapters (seeded random PEFT folders fitting the base model) into a temporary folder, then
+# adapters (seeded random PEFT folders fitting the base model, factors in $DTYPE: bf16 by
+# default, as PEFT training usually saves them) into a temporary folder, then
 # for each run starts `tessera serve` on a free 127.0.0.1 port with one kind's adapters,
 # waits for /health, runs
 #   tessera bench serve --concurrency 16 --requests 64 --output-tokens 64 \
@@ -12,13 +13,14 @@
 # with `--lora-batching serial` (one adapter per step, llama.cpp-style) for comparison.
 #
 # Results go to $OUT_DIR (default ./bench-lora-DATE): results.jsonl (one line per run:
-# {"kind", "batching", "n_adapters", "bench": <the bench serve --json row>}), the server
+# {"kind", "dtype", "batching", "n_adapters", "bench": <the bench serve --json row>}), the server
 # logs, summary.txt (output tokens/s, ratio to base only, co-batching / serial at the
 # largest count; printed too) and lora.svg (output tokens/s against the adapter count).
 #
 # Run it with the machine otherwise quiet; it takes a while. Knobs (environment):
 #   COUNT=16 COUNTS="1 4 16" CONCURRENCY=16 REQUESTS=64 OUTPUT_TOKENS=64
 #   PROMPT_TOKENS=100 WARMUP=2 THREADS=<server --threads> MODEL=<base model path>
+#   DTYPE=bf16 (the adapters' factors: f32, f16 or bf16)
 #   OUT_DIR=<folder> SKIP_BUILD=1 (use the existing target/release/tessera)
 # A tiny smoke run:
 #   COUNT=2 COUNTS="1 2" REQUESTS=4 OUTPUT_TOKENS=8 CONCURRENCY=2 WARMUP=0 \
@@ -43,6 +45,7 @@ MODEL=${MODEL:-}
 OUT_DIR=${OUT_DIR:-bench-lora-$(date +%Y%m%d-%H%M%S)}
 SKIP_BUILD=${SKIP_BUILD:-0}
 HEALTH_TIMEOUT=${HEALTH_TIMEOUT:-180}
+DTYPE=${DTYPE:-bf16}
 
 # Adapter kinds: name, rank, targets.
 KINDS=("qv-r8 8 q,v" "all-r16 16 all")
@@ -175,8 +178,8 @@ echo "== writing adapters into $ADAPTER_DIR"
 for k in "${KINDS[@]}"; do
     read -r kind rank targets <<<"$k"
     "$TESSERA" bench make-adapters --out "$ADAPTER_DIR/$kind" --count "$COUNT" \
-        --rank "$rank" --targets "$targets" ${MODEL:+--model "$MODEL"} >/dev/null
-    echo "$kind: $COUNT adapters, rank $rank, targets $targets ($(du -sh "$ADAPTER_DIR/$kind" | cut -f1))"
+        --rank "$rank" --targets "$targets" --dtype "$DTYPE" ${MODEL:+--model "$MODEL"} >/dev/null
+    echo "$kind: $COUNT $DTYPE adapters, rank $rank, targets $targets ($(du -sh "$ADAPTER_DIR/$kind" | cut -f1))"
 done
 
 # run KIND BATCHING N: one measurement on a fresh server, appended to the results.
@@ -205,8 +208,8 @@ run() {
     local row
     row=$(<"$row_file")
     rm -f "$row_file"
-    printf '{"kind":"%s","batching":"%s","n_adapters":%d,"bench":%s}\n' \
-        "$kind" "$batching" "$n" "$row" >>"$RESULTS"
+    printf '{"kind":"%s","dtype":"%s","batching":"%s","n_adapters":%d,"bench":%s}\n' \
+        "$kind" "$DTYPE" "$batching" "$n" "$row" >>"$RESULTS"
 }
 
 for k in "${KINDS[@]}"; do

@@ -12,7 +12,7 @@ use clap::{Subcommand, ValueEnum};
 use tessera_kernels::plan::Precision;
 
 use crate::gemm::{parse_dtypes, parse_families, run_gemm, GemmConfig};
-use crate::make_adapters::{parse_targets, run_make_adapters, MakeAdaptersConfig};
+use crate::make_adapters::{parse_targets, run_make_adapters, FactorDtype, MakeAdaptersConfig};
 use crate::model::{run_model, ModelConfig};
 use crate::serve::adapters::parse_adapters;
 use crate::serve::{
@@ -304,6 +304,10 @@ pub enum BenchCommand {
         /// default model).
         #[arg(long)]
         model: Option<PathBuf>,
+        /// Element type of the factors in the files (bf16: what PEFT training usually
+        /// saves; Tessera holds them as stored).
+        #[arg(long, value_enum, default_value = "bf16")]
+        dtype: FactorDtype,
     },
     /// Sub-batch pipelining under tensor parallelism: for each step size and each
     /// sub-batching (S = 1, 2, 4 by tokens and by sequence, and the step-time model's
@@ -603,6 +607,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             targets,
             seed,
             model,
+            dtype,
         } => run_make_adapters(&MakeAdaptersConfig {
             out,
             count,
@@ -610,6 +615,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             targets: parse_targets(&targets)?,
             seed,
             model,
+            dtype,
         }),
         BenchCommand::Tp {
             model,

@@ -185,11 +185,13 @@ fn serve_adapters_and_lora_tools() {
             targets,
             seed,
             model,
+            dtype,
         } => {
             assert_eq!(out, PathBuf::from("/tmp/a"));
             assert_eq!((count, rank, seed), (1, 8, 42));
             assert_eq!(targets, vec!["q", "v"]);
             assert_eq!(model, None);
+            assert_eq!(dtype, crate::make_adapters::FactorDtype::Bf16);
         }
         _ => panic!("not make-adapters"),
     }
@@ -204,14 +206,20 @@ fn serve_adapters_and_lora_tools() {
         "16",
         "--targets",
         "all",
+        "--dtype",
+        "f16",
     ]);
     match c.cmd {
         BenchCommand::MakeAdapters {
             count,
             rank,
             targets,
+            dtype,
             ..
-        } => assert_eq!((count, rank, targets), (16, 16, vec!["all".to_string()])),
+        } => {
+            assert_eq!((count, rank, targets), (16, 16, vec!["all".to_string()]));
+            assert_eq!(dtype, crate::make_adapters::FactorDtype::F16);
+        }
         _ => panic!("not make-adapters"),
     }
     assert!(Cli::try_parse_from(["x", "make-adapters"]).is_err());

@@ -3,7 +3,8 @@
 //!
 //! Folder `DIR/a{i}` holds `adapter_config.json` (peft_type LORA, `r`, `lora_alpha = 2·r`,
 //! the target modules, `use_rslora: false`, `bias: "none"`) and
-//! `adapter_model.safetensors` with f32 factors under PEFT's names
+//! `adapter_model.safetensors` with factors in `--dtype` (bf16 by default, what PEFT
+//! training usually saves; f16 or f32; rounded to nearest from f32 draws) under PEFT's names
 //! (`base_model.model.model.layers.{l}.self_attn.q_proj.lora_A.weight` `[r, in]` and
 //! `…lora_B.weight` `[out, r]`; `mlp.*` for gate/up/down), shaped from the base model's
 //! configuration. Values are small so the adapted model stays sane: `A ~ U(-1,1)/√in`,
@@ -14,13 +15,41 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use clap::ValueEnum;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use serde_json::{json, Value};
+use tessera_core::DType;
 use tessera_formats::ModelConfig;
-use tessera_lora::Target;
+use tessera_lora::{Factors, Target};
+
+/// The element type the factors are written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FactorDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl FactorDtype {
+    pub fn dtype(self) -> DType {
+        match self {
+            FactorDtype::F32 => DType::F32,
+            FactorDtype::F16 => DType::F16,
+            FactorDtype::Bf16 => DType::BF16,
+        }
+    }
+
+    fn safetensors(self) -> Dtype {
+        match self {
+            FactorDtype::F32 => Dtype::F32,
+            FactorDtype::F16 => Dtype::F16,
+            FactorDtype::Bf16 => Dtype::BF16,
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct MakeAdaptersConfig {
@@ -31,6 +60,8 @@ pub struct MakeAdaptersConfig {
     pub seed: u64,
     /// The base model (default: `$TESSERA_MODEL` or the default model).
     pub model: Option<PathBuf>,
+    /// Element type of the factors in the files.
+    pub dtype: FactorDtype,
 }
 
 /// Parses `--targets`: `all`, or modules by short (`q`, `k`, `v`, `o`, `gate`, `up`,
@@ -130,23 +161,30 @@ pub fn adapter_config(rank: usize, targets: &[Target], base_name: &str) -> Value
     })
 }
 
-/// Little-endian bytes of f32 values.
-fn le_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// Little-endian bytes of f32 values rounded to nearest in `dtype`.
+fn le_bytes(v: &[f32], dtype: FactorDtype) -> Vec<u8> {
+    Factors::from_f32(v, dtype.dtype())
+        .expect("a float type")
+        .to_le_bytes()
 }
 
-/// Writes one adapter folder; returns its size in bytes.
-pub fn write_adapter(dir: &Path, config: &Value, tensors: &[Tensor]) -> Result<u64> {
+/// Writes one adapter folder, factors in `dtype`; returns its size in bytes.
+pub fn write_adapter(
+    dir: &Path,
+    config: &Value,
+    tensors: &[Tensor],
+    dtype: FactorDtype,
+) -> Result<u64> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let cfg_path = dir.join("adapter_config.json");
     let text = serde_json::to_string_pretty(config)? + "\n";
     std::fs::write(&cfg_path, &text).with_context(|| format!("writing {}", cfg_path.display()))?;
-    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| le_bytes(&t.2)).collect();
+    let bytes: Vec<Vec<u8>> = tensors.iter().map(|t| le_bytes(&t.2, dtype)).collect();
     let views = tensors
         .iter()
         .zip(&bytes)
         .map(|((name, shape, _), b)| {
-            TensorView::new(Dtype::F32, shape.clone(), b)
+            TensorView::new(dtype.safetensors(), shape.clone(), b)
                 .map(|v| (name.clone(), v))
                 .map_err(|e| anyhow!("tensor {name}: {e}"))
         })
@@ -205,7 +243,7 @@ pub fn make_adapters(
         .map(|i| {
             let dir = adapter_dir(&cfg.out, i);
             let tensors = adapter_tensors(base, cfg.rank, &cfg.targets, cfg.seed, i);
-            let size = write_adapter(&dir, &config, &tensors)?;
+            let size = write_adapter(&dir, &config, &tensors, cfg.dtype)?;
             Ok((dir, size))
         })
         .collect()
@@ -219,9 +257,10 @@ pub fn run_make_adapters(cfg: &MakeAdaptersConfig) -> Result<()> {
         .with_context(|| format!("reading the base model {}", path.display()))?;
     let modules: Vec<&str> = cfg.targets.iter().map(|t| t.hf_name()).collect();
     eprintln!(
-        "{} rank-{} adapters of {} for {} ({}, {} layers)",
+        "{} rank-{} {:?} adapters of {} for {} ({}, {} layers)",
         cfg.count,
         cfg.rank,
+        cfg.dtype.dtype(),
         modules.join(","),
         files.name,
         path.display(),
@@ -327,7 +366,13 @@ mod tests {
             std::env::temp_dir().join(format!("tessera-make-adapters-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let base = smol(3);
-        for (targets, rank) in [(vec![Target::Q, Target::V], 8), (Target::ALL.to_vec(), 4)] {
+        let mut f32_bytes = 0;
+        for (targets, rank, dtype) in [
+            (vec![Target::Q, Target::V], 8, FactorDtype::F32),
+            (vec![Target::Q, Target::V], 8, FactorDtype::F16),
+            (vec![Target::Q, Target::V], 8, FactorDtype::Bf16),
+            (Target::ALL.to_vec(), 4, FactorDtype::Bf16),
+        ] {
             let cfg = MakeAdaptersConfig {
                 out: dir.clone(),
                 count: 2,
@@ -335,6 +380,7 @@ mod tests {
                 targets: targets.clone(),
                 seed: 1,
                 model: None,
+                dtype,
             };
             let written = make_adapters(&cfg, &base, "smol").unwrap();
             assert_eq!(written.len(), 2);
@@ -353,6 +399,17 @@ mod tests {
                 let m = a.module(2, targets[0]).unwrap();
                 assert_eq!(m.rank, rank);
                 assert_eq!(m.scale, 2.0);
+                // Held as written, the drawn values rounded to nearest.
+                assert_eq!((m.a.dtype(), m.b_t.dtype()), (dtype.dtype(), dtype.dtype()));
+                let drawn = adapter_tensors(&base, rank, &targets, 1, 0);
+                let a0 = tessera_lora::LoraAdapter::load(&written[0].0, &base).unwrap();
+                let want = Factors::from_f32(&drawn[2 * targets.len()].2, dtype.dtype()).unwrap();
+                assert_eq!(a0.module(1, targets[0]).unwrap().a, want);
+                match (dtype, rank) {
+                    (FactorDtype::F32, 8) => f32_bytes = a.bytes(),
+                    (_, 8) => assert_eq!(2 * a.bytes(), f32_bytes),
+                    _ => {}
+                }
                 let v: Value = serde_json::from_str(
                     &std::fs::read_to_string(path.join("adapter_config.json")).unwrap(),
                 )
@@ -381,6 +438,7 @@ mod tests {
             targets: vec![Target::Q],
             seed: 1,
             model: None,
+            dtype: FactorDtype::Bf16,
         };
         assert!(make_adapters(&bad, &base, "smol").is_err());
     }

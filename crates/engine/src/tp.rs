@@ -16,9 +16,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tessera_core::{Error, Result};
-use tessera_formats::ModelFiles;
+use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
+use tessera_lora::LoraAdapter;
 use tessera_model::{
     shard_files_noted, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, Logits, SubBatching,
     TpLayout, Workspace,
@@ -28,6 +29,7 @@ use tessera_parallel::local;
 use tessera_parallel::overlap::CommThread;
 
 use crate::overlap_plan::{self, OverlapPlanner, OverlapStats, SubBatchPolicy};
+use crate::tp_adapters::AdapterParts;
 pub(crate) use crate::tp_rank::comm_err;
 use crate::tp_rank::rank_forward;
 pub use crate::tp_rank::StepMode;
@@ -66,6 +68,8 @@ pub enum RankFault {
 
 struct Job {
     batch: Arc<BatchMeta>,
+    /// The step's adapter table, this rank's parts.
+    adapters: Vec<Arc<LoraAdapter>>,
     kv: KvStorage,
     ws: Workspace,
     split: SubBatching,
@@ -86,6 +90,10 @@ struct Follower {
 
 pub struct TpGroup {
     layout: TpLayout,
+    /// The whole model's configuration (adapters are sharded from it).
+    config: ModelConfig,
+    /// The local ranks' parts of the adapters in use.
+    adapters: AdapterParts,
     /// The all-reduce cost measured at start-up.
     link: CommCost,
     /// Share of an all-reduce's time taken from the rank's compute core: 1 for in-process
@@ -112,9 +120,11 @@ pub struct TpGroup {
 }
 
 impl Rank {
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &mut self,
         batch: &BatchMeta,
+        adapters: &[Arc<LoraAdapter>],
         kv: &mut KvStorage,
         ws: &mut Workspace,
         split: SubBatching,
@@ -125,7 +135,7 @@ impl Rank {
             pool: &self.pool,
             planner: &self.planner,
             precision: self.precision,
-            adapters: &[],
+            adapters,
         };
         let mut secs = 0.0;
         rank_forward(
@@ -249,6 +259,7 @@ impl TpGroup {
                         let result = rank
                             .forward(
                                 &job.batch,
+                                &job.adapters,
                                 &mut job.kv,
                                 &mut job.ws,
                                 job.split,
@@ -292,6 +303,8 @@ impl TpGroup {
         Ok((
             TpGroup {
                 link: overlap_plan::link_model(&points),
+                config: files.config.clone(),
+                adapters: AdapterParts::default(),
                 comm_cpu_share: if comm_shares_cores { 1.0 } else { 0.0 },
                 overlap: None,
                 layout,
@@ -323,6 +336,7 @@ impl TpGroup {
     #[cfg(feature = "mpi")]
     pub(crate) fn over_mpi(
         layout: TpLayout,
+        config: ModelConfig,
         comm0: tessera_parallel::mpi::MpiComm,
         timeout: Duration,
         cpu0: Option<usize>,
@@ -332,6 +346,8 @@ impl TpGroup {
         let points = overlap_plan::measure_link(&mut comm0).map_err(comm_err)?;
         Ok(TpGroup {
             link: overlap_plan::link_model(&points),
+            config,
+            adapters: AdapterParts::default(),
             comm_cpu_share: 0.0,
             overlap: None,
             cpu0,
@@ -402,14 +418,36 @@ impl TpGroup {
             .collect()
     }
 
+    /// The local ranks' parts of `adapter`, made without the group (off the step thread)
+    /// and kept with [`TpGroup::keep_adapter_parts`].
+    pub fn adapter_parts_maker(
+        &self,
+    ) -> impl FnOnce(&LoraAdapter) -> Result<Vec<Arc<LoraAdapter>>> + Send + 'static {
+        let (config, layout, local) =
+            (self.config.clone(), self.layout.clone(), self.local_ranks());
+        move |a| crate::tp_adapters::make_parts(a, &config, &layout, local)
+    }
+
+    /// Keeps the parts of `adapter` made by [`TpGroup::adapter_parts_maker`].
+    pub fn keep_adapter_parts(&mut self, adapter: &Arc<LoraAdapter>, parts: Vec<Arc<LoraAdapter>>) {
+        self.adapters.insert(adapter, parts);
+    }
+
+    /// Adapters whose per-rank parts this process holds.
+    pub fn adapters_held(&self) -> usize {
+        self.adapters.len()
+    }
+
     /// One step over every rank, rank 0 being `model0` on `ctx0`; `kv` and `ws` hold one
-    /// entry per rank.
+    /// entry per rank; the batch's adapter slots index `adapters` (whole adapters: each rank
+    /// runs its part).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
         model0: &LlamaModel,
         ctx0: &ExecCtx,
         batch: &BatchMeta,
+        adapters: &[Arc<LoraAdapter>],
         kv: &mut [KvStorage],
         ws: &mut [Workspace],
         split: SubBatching,
@@ -435,10 +473,20 @@ impl TpGroup {
                 ws.len()
             )));
         }
+        let dropped = self.adapters.prune();
+        #[cfg(not(feature = "mpi"))]
+        let _ = &dropped;
+        let local = self.local_ranks();
+        let mut tables = self
+            .adapters
+            .tables(adapters, &self.config, &self.layout, local)?
+            .into_iter();
+        let table0 = tables.next().unwrap_or_default();
         let batch = Arc::new(batch.clone());
-        for (i, f) in self.followers.iter().enumerate() {
+        for ((i, f), table) in self.followers.iter().enumerate().zip(tables) {
             let job = Job {
                 batch: batch.clone(),
+                adapters: table,
                 kv: std::mem::take(&mut kv[i + 1]),
                 ws: std::mem::take(&mut ws[i + 1]),
                 split,
@@ -450,14 +498,26 @@ impl TpGroup {
         }
         #[cfg(feature = "mpi")]
         if let Some(link) = &mut self.mpi {
-            if let Err(e) = link.send_step(&mut self.comm0, &batch, &kv[0], split, mode) {
+            if let Err(e) = link.send_step(
+                &mut self.comm0,
+                &batch,
+                &kv[0],
+                split,
+                mode,
+                adapters,
+                &dropped,
+            ) {
                 return Err(self.fail(e.to_string()));
             }
         }
+        let ctx0 = ExecCtx {
+            adapters: &table0,
+            ..*ctx0
+        };
         let mut secs = 0.0;
         let mine = rank_forward(
             model0,
-            ctx0,
+            &ctx0,
             &mut self.comm0,
             &mut secs,
             &batch,

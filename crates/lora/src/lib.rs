@@ -116,7 +116,12 @@ impl LoraModule {
         LoraModule {
             rank: self.rank,
             scale: self.scale,
-            a: self.a.chunks(inp).flat_map(|row| &row[r.clone()]).copied().collect(),
+            a: self
+                .a
+                .chunks(inp)
+                .flat_map(|row| &row[r.clone()])
+                .copied()
+                .collect(),
             b_t: self.b_t.clone(),
         }
     }
@@ -129,7 +134,12 @@ impl LoraModule {
             rank: self.rank,
             scale: self.scale,
             a: self.a.clone(),
-            b_t: self.b_t.chunks(out).flat_map(|row| &row[r.clone()]).copied().collect(),
+            b_t: self
+                .b_t
+                .chunks(out)
+                .flat_map(|row| &row[r.clone()])
+                .copied()
+                .collect(),
         }
     }
 }

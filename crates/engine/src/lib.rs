@@ -29,6 +29,7 @@ pub mod stop;
 pub mod store;
 pub mod tp;
 mod tp_adapters;
+mod tp_follower;
 #[cfg(feature = "mpi")]
 mod tp_mpi;
 mod tp_rank;

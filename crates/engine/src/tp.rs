@@ -10,9 +10,8 @@
 //! fail within the communicator's timeout, with an error naming it; the group then refuses
 //! further steps.
 
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tessera_core::{Error, Result};
@@ -30,63 +29,13 @@ use tessera_parallel::overlap::CommThread;
 
 use crate::overlap_plan::{self, OverlapPlanner, OverlapStats, SubBatchPolicy};
 use crate::tp_adapters::AdapterParts;
+#[cfg(feature = "fault-injection")]
+pub use crate::tp_follower::RankFault;
+use crate::tp_follower::{spawn_follower, Follower, Job, Order, Rank};
 pub(crate) use crate::tp_rank::comm_err;
 use crate::tp_rank::rank_forward;
 pub use crate::tp_rank::StepMode;
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
-
-/// One rank's means: its shard, compute units, planner and communicator.
-struct Rank {
-    model: LlamaModel,
-    pool: ThreadPool,
-    planner: Planner,
-    precision: Precision,
-    comm: CommThread,
-}
-
-/// What a follower is told to do.
-#[allow(clippy::large_enum_variant)] // one order at a time goes through a channel
-enum Order {
-    Step(Job),
-    /// Test-only: stop answering for a while, or die.
-    #[cfg(feature = "fault-injection")]
-    Fault(RankFault),
-}
-
-/// A test-only fault of a follower rank (cargo feature `fault-injection`).
-#[cfg(feature = "fault-injection")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RankFault {
-    /// The rank sleeps this long before its next step.
-    Stall(Duration),
-    /// The rank's thread panics.
-    Die,
-    /// The rank's thread panics in its next step, when it starts its all-reduce number
-    /// n + 1 (in the middle of the pipeline).
-    DieAfter(usize),
-}
-
-struct Job {
-    batch: Arc<BatchMeta>,
-    /// The step's adapter table, this rank's parts.
-    adapters: Vec<Arc<LoraAdapter>>,
-    kv: KvStorage,
-    ws: Workspace,
-    split: SubBatching,
-    mode: StepMode,
-}
-
-struct Done {
-    kv: KvStorage,
-    ws: Workspace,
-    result: Result<()>,
-}
-
-struct Follower {
-    jobs: Sender<Order>,
-    done: Receiver<Done>,
-    handle: Option<JoinHandle<()>>,
-}
 
 pub struct TpGroup {
     layout: TpLayout,
@@ -117,40 +66,6 @@ pub struct TpGroup {
     /// (the step engine's), pinned when it first does, so that loading pins nothing else.
     cpu0: Option<usize>,
     pinned: Option<std::thread::ThreadId>,
-}
-
-impl Rank {
-    #[allow(clippy::too_many_arguments)]
-    fn forward(
-        &mut self,
-        batch: &BatchMeta,
-        adapters: &[Arc<LoraAdapter>],
-        kv: &mut KvStorage,
-        ws: &mut Workspace,
-        split: SubBatching,
-        mode: StepMode,
-        layout: &TpLayout,
-    ) -> Result<Logits> {
-        let ctx = ExecCtx {
-            pool: &self.pool,
-            planner: &self.planner,
-            precision: self.precision,
-            adapters,
-        };
-        let mut secs = 0.0;
-        rank_forward(
-            &self.model,
-            &ctx,
-            &mut self.comm,
-            &mut secs,
-            batch,
-            kv,
-            ws,
-            split,
-            mode,
-            layout,
-        )
-    }
 }
 
 impl TpGroup {
@@ -226,65 +141,8 @@ impl TpGroup {
             ..
         } = rank0;
         let mut followers = Vec::new();
-        for (i, (mut rank, rank_cpus)) in ranks.enumerate() {
-            let (jobs, job_rx) = channel::<Order>();
-            let (done_tx, done) = channel::<Done>();
-            let layout = layout.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("tessera-rank-{}", i + 1))
-                .spawn(move || {
-                    if let Some(&c) = rank_cpus.first() {
-                        pin_current_thread(c);
-                    }
-                    // The start-up link measurement, a collective rank 0 makes too.
-                    if overlap_plan::measure_link(&mut rank.comm).is_err() {
-                        return;
-                    }
-                    while let Ok(order) = job_rx.recv() {
-                        let mut job = match order {
-                            Order::Step(job) => job,
-                            #[cfg(feature = "fault-injection")]
-                            Order::Fault(RankFault::Stall(d)) => {
-                                std::thread::sleep(d);
-                                continue;
-                            }
-                            #[cfg(feature = "fault-injection")]
-                            Order::Fault(RankFault::Die) => panic!("injected death of a rank"),
-                            #[cfg(feature = "fault-injection")]
-                            Order::Fault(RankFault::DieAfter(n)) => {
-                                crate::tp_rank::die_after(n);
-                                continue;
-                            }
-                        };
-                        let result = rank
-                            .forward(
-                                &job.batch,
-                                &job.adapters,
-                                &mut job.kv,
-                                &mut job.ws,
-                                job.split,
-                                job.mode,
-                                &layout,
-                            )
-                            .map(|_| ());
-                        if done_tx
-                            .send(Done {
-                                kv: job.kv,
-                                ws: job.ws,
-                                result,
-                            })
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                })
-                .map_err(|e| Error::Other(format!("starting a rank thread: {e}")))?;
-            followers.push(Follower {
-                jobs,
-                done,
-                handle: Some(handle),
-            });
+        for (i, (rank, rank_cpus)) in ranks.enumerate() {
+            followers.push(spawn_follower(i + 1, rank, rank_cpus, layout.clone())?);
         }
         // Rank 0 measures from a thread pinned where its steps will run, as the followers do.
         let mut comm0 = comm0;

@@ -50,7 +50,7 @@ pub struct Engine {
     workspace: Mutex<Vec<Workspace>>,
     /// Ranks 1.. and the communicator under tensor parallelism (`model`, `pool` and
     /// `planner` are rank 0's).
-    tp: Option<Mutex<TpGroup>>,
+    tp: Option<Arc<Mutex<TpGroup>>>,
     /// The grammar engine for constrained requests, built on the first one.
     grammars: std::sync::OnceLock<std::result::Result<crate::constrain::Grammars, String>>,
     /// The bounds each grammar is built and stepped under.
@@ -68,7 +68,7 @@ pub enum TpBackend {
     Mpi,
 }
 
-type Parts = (LlamaModel, ThreadPool, Option<Mutex<TpGroup>>);
+type Parts = (LlamaModel, ThreadPool, Option<Arc<Mutex<TpGroup>>>);
 
 #[cfg(feature = "mpi")]
 fn mpi_leader(
@@ -81,7 +81,7 @@ fn mpi_leader(
 ) -> Result<Parts> {
     let crate::tp_mpi::MpiRole::Leader(group, model, pool) =
         crate::tp_mpi::join(files, precision, planner, tp, threads, timeout)?;
-    Ok((model, pool, Some(Mutex::new(group))))
+    Ok((model, pool, Some(Arc::new(Mutex::new(group)))))
 }
 
 #[cfg(not(feature = "mpi"))]
@@ -245,7 +245,7 @@ impl Engine {
         } else {
             let (group, model0, pool0) =
                 TpGroup::new(&files, precision, &planner, tp, threads, tp_timeout)?;
-            (model0, pool0, Some(Mutex::new(group)))
+            (model0, pool0, Some(Arc::new(Mutex::new(group))))
         };
         if let Some(g) = &tp {
             let ctx = ExecCtx {
@@ -469,14 +469,18 @@ impl Engine {
                 Ok(ForwardLogits::View(v))
             }
             Some(g) => {
-                if !adapters.is_empty() {
-                    return Err(tessera_core::Error::Other(
-                        "LoRA adapters are not supported under tensor parallelism yet".into(),
-                    ));
-                }
                 let mut g = g.lock().unwrap_or_else(|e| e.into_inner());
                 let split = g.choose(batch, self.sub_batching);
-                let l = g.forward(&self.model, &self.ctx(), batch, kv, ws, split, mode)?;
+                let l = g.forward(
+                    &self.model,
+                    &self.ctx(),
+                    batch,
+                    adapters,
+                    kv,
+                    ws,
+                    split,
+                    mode,
+                )?;
                 Ok(ForwardLogits::Owned(l))
             }
         }
@@ -518,13 +522,46 @@ impl Engine {
     /// One forward over every rank's KV storage (from [`Engine::new_kv`]), its logits copied
     /// out (tests, numerics checks; works with and without tensor parallelism).
     pub fn forward_kv(&self, batch: &BatchMeta, kv: &mut [KvStorage]) -> Result<Logits> {
-        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(self.forward_ranks(batch, kv, &mut ws, &[])?.into_owned())
+        self.forward_kv_with(batch, kv, &[])
     }
 
-    /// Loads a LoRA adapter (PEFT folder or GGUF LoRA file) for this engine's model.
+    /// [`Engine::forward_kv`] with a table of adapters the batch's adapter slots index.
+    pub fn forward_kv_with(
+        &self,
+        batch: &BatchMeta,
+        kv: &mut [KvStorage],
+        adapters: &[Arc<LoraAdapter>],
+    ) -> Result<Logits> {
+        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(self
+            .forward_ranks(batch, kv, &mut ws, adapters)?
+            .into_owned())
+    }
+
+    /// Loads a LoRA adapter (PEFT folder or GGUF LoRA file) for this engine's model. Under
+    /// tensor parallelism its part for each rank in this process is made here too (on the
+    /// caller's thread, not the step's); ranks in other processes load theirs from the same
+    /// path when a step first uses it.
     pub fn load_adapter(&self, path: &Path) -> Result<Arc<LoraAdapter>> {
-        Ok(Arc::new(LoraAdapter::load(path, &self.config)?))
+        let adapter = Arc::new(LoraAdapter::load(path, &self.config)?);
+        if let Some(p) = self.adapter_preparer() {
+            p.prepare(&adapter)?;
+        }
+        Ok(adapter)
+    }
+
+    /// Under tensor parallelism, what makes a loaded adapter's per-rank parts ahead of its
+    /// first step, on any thread (a server loads adapters off the step thread).
+    pub fn adapter_preparer(&self) -> Option<AdapterPreparer> {
+        self.tp.clone().map(|group| AdapterPreparer { group })
+    }
+
+    /// Adapters whose tensor-parallel parts this engine holds (0 without tensor
+    /// parallelism): they go once nobody holds the adapter.
+    pub fn tp_adapters_held(&self) -> usize {
+        self.tp.as_ref().map_or(0, |g| {
+            g.lock().unwrap_or_else(|e| e.into_inner()).adapters_held()
+        })
     }
 
     /// Logits at every position of `tokens` under `adapter` (or the base model), from an
@@ -559,5 +596,23 @@ impl Engine {
             precision: self.precision,
             adapters,
         }
+    }
+}
+
+/// Makes adapters' tensor-parallel parts for an engine's rank group ([`Engine::adapter_preparer`]).
+#[derive(Clone)]
+pub struct AdapterPreparer {
+    group: Arc<Mutex<TpGroup>>,
+}
+
+impl AdapterPreparer {
+    /// Makes and keeps `adapter`'s part for every rank in this process; the group is
+    /// locked only to read its layout and to keep the parts, not while they are made.
+    pub fn prepare(&self, adapter: &Arc<LoraAdapter>) -> Result<()> {
+        let lock = || self.group.lock().unwrap_or_else(|e| e.into_inner());
+        let make = lock().adapter_parts_maker();
+        let parts = make(adapter)?;
+        lock().keep_adapter_parts(adapter, parts);
+        Ok(())
     }
 }

@@ -28,6 +28,8 @@ pub mod step_fit;
 pub mod stop;
 pub mod store;
 pub mod tp;
+mod tp_adapters;
+mod tp_follower;
 #[cfg(feature = "mpi")]
 mod tp_mpi;
 mod tp_rank;
@@ -35,7 +37,7 @@ pub mod tune;
 pub mod tuning;
 mod window;
 
-pub use engine::{Engine, TpBackend};
+pub use engine::{AdapterPreparer, Engine, TpBackend};
 pub use generate::GenerationStats;
 pub use live::token_logprob;
 pub use overlap_plan::{OverlapStats, SubBatchPolicy};

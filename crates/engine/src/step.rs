@@ -225,8 +225,11 @@ impl<'e> StepEngine<'e> {
                     .map_err(|e| SubmitError::Invalid(e.to_string()))?,
             ),
         };
-        let r =
-            Request::new(id, req.prompt_ids.clone(), req.max_tokens).with_priority(req.priority);
+        // The adapter's id namespaces the prefix cache: KV computed under one adapter (or
+        // the base) is never reused under another.
+        let r = Request::new(id, req.prompt_ids.clone(), req.max_tokens)
+            .with_priority(req.priority)
+            .with_adapter(req.adapter.as_ref().map(|a| a.id));
         self.sched.add_request(r).map_err(|e| match e {
             SchedError::QueueFull { .. } => SubmitError::Overloaded(e.to_string()),
             e => SubmitError::Invalid(e.to_string()),

@@ -10,15 +10,15 @@
 //! fail within the communicator's timeout, with an error naming it; the group then refuses
 //! further steps.
 
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tessera_core::{Error, Result};
-use tessera_formats::ModelFiles;
+use tessera_formats::{ModelConfig, ModelFiles};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
+use tessera_lora::LoraAdapter;
 use tessera_model::{
     shard_files_noted, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, Logits, SubBatching,
     TpLayout, Workspace,
@@ -28,64 +28,21 @@ use tessera_parallel::local;
 use tessera_parallel::overlap::CommThread;
 
 use crate::overlap_plan::{self, OverlapPlanner, OverlapStats, SubBatchPolicy};
+use crate::tp_adapters::AdapterParts;
+#[cfg(feature = "fault-injection")]
+pub use crate::tp_follower::RankFault;
+use crate::tp_follower::{spawn_follower, Follower, Job, Order, Rank};
 pub(crate) use crate::tp_rank::comm_err;
 use crate::tp_rank::rank_forward;
 pub use crate::tp_rank::StepMode;
 use tessera_runtime::{allowed_cpus, pin_current_thread, ThreadPool};
 
-/// One rank's means: its shard, compute units, planner and communicator.
-struct Rank {
-    model: LlamaModel,
-    pool: ThreadPool,
-    planner: Planner,
-    precision: Precision,
-    comm: CommThread,
-}
-
-/// What a follower is told to do.
-#[allow(clippy::large_enum_variant)] // one order at a time goes through a channel
-enum Order {
-    Step(Job),
-    /// Test-only: stop answering for a while, or die.
-    #[cfg(feature = "fault-injection")]
-    Fault(RankFault),
-}
-
-/// A test-only fault of a follower rank (cargo feature `fault-injection`).
-#[cfg(feature = "fault-injection")]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RankFault {
-    /// The rank sleeps this long before its next step.
-    Stall(Duration),
-    /// The rank's thread panics.
-    Die,
-    /// The rank's thread panics in its next step, when it starts its all-reduce number
-    /// n + 1 (in the middle of the pipeline).
-    DieAfter(usize),
-}
-
-struct Job {
-    batch: Arc<BatchMeta>,
-    kv: KvStorage,
-    ws: Workspace,
-    split: SubBatching,
-    mode: StepMode,
-}
-
-struct Done {
-    kv: KvStorage,
-    ws: Workspace,
-    result: Result<()>,
-}
-
-struct Follower {
-    jobs: Sender<Order>,
-    done: Receiver<Done>,
-    handle: Option<JoinHandle<()>>,
-}
-
 pub struct TpGroup {
     layout: TpLayout,
+    /// The whole model's configuration (adapters are sharded from it).
+    config: ModelConfig,
+    /// The local ranks' parts of the adapters in use.
+    adapters: AdapterParts,
     /// The all-reduce cost measured at start-up.
     link: CommCost,
     /// Share of an all-reduce's time taken from the rank's compute core: 1 for in-process
@@ -109,38 +66,6 @@ pub struct TpGroup {
     /// (the step engine's), pinned when it first does, so that loading pins nothing else.
     cpu0: Option<usize>,
     pinned: Option<std::thread::ThreadId>,
-}
-
-impl Rank {
-    fn forward(
-        &mut self,
-        batch: &BatchMeta,
-        kv: &mut KvStorage,
-        ws: &mut Workspace,
-        split: SubBatching,
-        mode: StepMode,
-        layout: &TpLayout,
-    ) -> Result<Logits> {
-        let ctx = ExecCtx {
-            pool: &self.pool,
-            planner: &self.planner,
-            precision: self.precision,
-            adapters: &[],
-        };
-        let mut secs = 0.0;
-        rank_forward(
-            &self.model,
-            &ctx,
-            &mut self.comm,
-            &mut secs,
-            batch,
-            kv,
-            ws,
-            split,
-            mode,
-            layout,
-        )
-    }
 }
 
 impl TpGroup {
@@ -216,64 +141,8 @@ impl TpGroup {
             ..
         } = rank0;
         let mut followers = Vec::new();
-        for (i, (mut rank, rank_cpus)) in ranks.enumerate() {
-            let (jobs, job_rx) = channel::<Order>();
-            let (done_tx, done) = channel::<Done>();
-            let layout = layout.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("tessera-rank-{}", i + 1))
-                .spawn(move || {
-                    if let Some(&c) = rank_cpus.first() {
-                        pin_current_thread(c);
-                    }
-                    // The start-up link measurement, a collective rank 0 makes too.
-                    if overlap_plan::measure_link(&mut rank.comm).is_err() {
-                        return;
-                    }
-                    while let Ok(order) = job_rx.recv() {
-                        let mut job = match order {
-                            Order::Step(job) => job,
-                            #[cfg(feature = "fault-injection")]
-                            Order::Fault(RankFault::Stall(d)) => {
-                                std::thread::sleep(d);
-                                continue;
-                            }
-                            #[cfg(feature = "fault-injection")]
-                            Order::Fault(RankFault::Die) => panic!("injected death of a rank"),
-                            #[cfg(feature = "fault-injection")]
-                            Order::Fault(RankFault::DieAfter(n)) => {
-                                crate::tp_rank::die_after(n);
-                                continue;
-                            }
-                        };
-                        let result = rank
-                            .forward(
-                                &job.batch,
-                                &mut job.kv,
-                                &mut job.ws,
-                                job.split,
-                                job.mode,
-                                &layout,
-                            )
-                            .map(|_| ());
-                        if done_tx
-                            .send(Done {
-                                kv: job.kv,
-                                ws: job.ws,
-                                result,
-                            })
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                })
-                .map_err(|e| Error::Other(format!("starting a rank thread: {e}")))?;
-            followers.push(Follower {
-                jobs,
-                done,
-                handle: Some(handle),
-            });
+        for (i, (rank, rank_cpus)) in ranks.enumerate() {
+            followers.push(spawn_follower(i + 1, rank, rank_cpus, layout.clone())?);
         }
         // Rank 0 measures from a thread pinned where its steps will run, as the followers do.
         let mut comm0 = comm0;
@@ -292,6 +161,8 @@ impl TpGroup {
         Ok((
             TpGroup {
                 link: overlap_plan::link_model(&points),
+                config: files.config.clone(),
+                adapters: AdapterParts::default(),
                 comm_cpu_share: if comm_shares_cores { 1.0 } else { 0.0 },
                 overlap: None,
                 layout,
@@ -323,6 +194,7 @@ impl TpGroup {
     #[cfg(feature = "mpi")]
     pub(crate) fn over_mpi(
         layout: TpLayout,
+        config: ModelConfig,
         comm0: tessera_parallel::mpi::MpiComm,
         timeout: Duration,
         cpu0: Option<usize>,
@@ -332,6 +204,8 @@ impl TpGroup {
         let points = overlap_plan::measure_link(&mut comm0).map_err(comm_err)?;
         Ok(TpGroup {
             link: overlap_plan::link_model(&points),
+            config,
+            adapters: AdapterParts::default(),
             comm_cpu_share: 0.0,
             overlap: None,
             cpu0,
@@ -402,14 +276,36 @@ impl TpGroup {
             .collect()
     }
 
+    /// The local ranks' parts of `adapter`, made without the group (off the step thread)
+    /// and kept with [`TpGroup::keep_adapter_parts`].
+    pub fn adapter_parts_maker(
+        &self,
+    ) -> impl FnOnce(&LoraAdapter) -> Result<Vec<Arc<LoraAdapter>>> + Send + 'static {
+        let (config, layout, local) =
+            (self.config.clone(), self.layout.clone(), self.local_ranks());
+        move |a| crate::tp_adapters::make_parts(a, &config, &layout, local)
+    }
+
+    /// Keeps the parts of `adapter` made by [`TpGroup::adapter_parts_maker`].
+    pub fn keep_adapter_parts(&mut self, adapter: &Arc<LoraAdapter>, parts: Vec<Arc<LoraAdapter>>) {
+        self.adapters.insert(adapter, parts);
+    }
+
+    /// Adapters whose per-rank parts this process holds.
+    pub fn adapters_held(&self) -> usize {
+        self.adapters.len()
+    }
+
     /// One step over every rank, rank 0 being `model0` on `ctx0`; `kv` and `ws` hold one
-    /// entry per rank.
+    /// entry per rank; the batch's adapter slots index `adapters` (whole adapters: each rank
+    /// runs its part).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
         model0: &LlamaModel,
         ctx0: &ExecCtx,
         batch: &BatchMeta,
+        adapters: &[Arc<LoraAdapter>],
         kv: &mut [KvStorage],
         ws: &mut [Workspace],
         split: SubBatching,
@@ -435,10 +331,20 @@ impl TpGroup {
                 ws.len()
             )));
         }
+        let dropped = self.adapters.prune();
+        #[cfg(not(feature = "mpi"))]
+        let _ = &dropped;
+        let local = self.local_ranks();
+        let mut tables = self
+            .adapters
+            .tables(adapters, &self.config, &self.layout, local)?
+            .into_iter();
+        let table0 = tables.next().unwrap_or_default();
         let batch = Arc::new(batch.clone());
-        for (i, f) in self.followers.iter().enumerate() {
+        for ((i, f), table) in self.followers.iter().enumerate().zip(tables) {
             let job = Job {
                 batch: batch.clone(),
+                adapters: table,
                 kv: std::mem::take(&mut kv[i + 1]),
                 ws: std::mem::take(&mut ws[i + 1]),
                 split,
@@ -450,14 +356,26 @@ impl TpGroup {
         }
         #[cfg(feature = "mpi")]
         if let Some(link) = &mut self.mpi {
-            if let Err(e) = link.send_step(&mut self.comm0, &batch, &kv[0], split, mode) {
+            if let Err(e) = link.send_step(
+                &mut self.comm0,
+                &batch,
+                &kv[0],
+                split,
+                mode,
+                adapters,
+                &dropped,
+            ) {
                 return Err(self.fail(e.to_string()));
             }
         }
+        let ctx0 = ExecCtx {
+            adapters: &table0,
+            ..*ctx0
+        };
         let mut secs = 0.0;
         let mine = rank_forward(
             model0,
-            ctx0,
+            &ctx0,
             &mut self.comm0,
             &mut secs,
             &batch,

@@ -5,15 +5,20 @@
 //! same staged forward on every rank with the same all-reduces as the local backend, summed
 //! in the same rank order, so the two backends agree bitwise at the same R.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tessera_lora::LoraAdapter;
 
 use tessera_core::{Error, Result};
 use tessera_formats::ModelFiles;
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
 use tessera_model::{
-    shard_files_noted, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel, LogitsFor, SeqChunk,
-    SplitBy, SubBatching, TpLayout, Workspace,
+    shard_adapter, shard_files_noted, BatchMeta, ExecCtx, KvDtype, KvStorage, LlamaModel,
+    LogitsFor, SeqChunk, SplitBy, SubBatching, TpLayout, Workspace,
 };
 use tessera_parallel::overlap::CommThread;
 use tessera_parallel::{CommError, Communicator};
@@ -25,6 +30,8 @@ use crate::tp_rank::{rank_forward, StepMode};
 const STEP: u8 = 1;
 const NEW_KV: u8 = 2;
 const SHUTDOWN: u8 = 3;
+/// A sequence's adapter slot when it runs the base model.
+const NO_ADAPTER: u32 = u32::MAX;
 
 /// Rank 0's side of the follower protocol.
 #[derive(Default)]
@@ -34,6 +41,10 @@ pub(crate) struct MpiLink {
 }
 
 impl MpiLink {
+    /// Tells the followers a step: the batch, its adapters (id and file: a follower loads and
+    /// shards an adapter the first time it sees its id) and the adapters gone since the last
+    /// step (their parts are dropped).
+    #[allow(clippy::too_many_arguments)]
     pub fn send_step(
         &mut self,
         comm: &mut dyn Communicator,
@@ -41,8 +52,19 @@ impl MpiLink {
         kv: &KvStorage,
         split: SubBatching,
         mode: StepMode,
+        adapters: &[Arc<LoraAdapter>],
+        dropped: &[u64],
     ) -> Result<(), CommError> {
         let mut msg = encode_step(batch, kv.tag, split, mode);
+        put32(&mut msg, adapters.len() as u32);
+        for a in adapters {
+            put64(&mut msg, a.id);
+            let path = a.path.to_string_lossy();
+            put32(&mut msg, path.len() as u32);
+            msg.extend_from_slice(path.as_bytes());
+        }
+        put32(&mut msg, dropped.len() as u32);
+        dropped.iter().for_each(|&id| put64(&mut msg, id));
         comm.broadcast(0, &mut msg)
     }
 
@@ -99,6 +121,7 @@ fn encode_step(batch: &BatchMeta, tag: u64, split: SubBatching, mode: StepMode) 
         s.tokens.iter().for_each(|&t| put32(&mut m, t));
         put32(&mut m, s.block_table.len() as u32);
         s.block_table.iter().for_each(|&b| put32(&mut m, b));
+        put32(&mut m, s.adapter.unwrap_or(NO_ADAPTER));
     }
     m
 }
@@ -135,6 +158,10 @@ impl Reader<'_> {
 enum Message {
     Step {
         tag: u64,
+        /// The step's adapter table: (rank 0's id, file).
+        adapters: Vec<(u64, PathBuf)>,
+        /// Adapters gone since the last step.
+        dropped: Vec<u64>,
         mode: StepMode,
         split: SubBatching,
         batch: BatchMeta,
@@ -171,10 +198,24 @@ fn decode(msg: &[u8]) -> Result<Message> {
                 };
                 let tokens = r.u32s()?;
                 let table = r.u32s()?;
-                seqs.push(SeqChunk::new(tokens, start, table, logits));
+                let mut seq = SeqChunk::new(tokens, start, table, logits);
+                seq.adapter = Some(r.u32()?).filter(|&a| a != NO_ADAPTER);
+                seqs.push(seq);
             }
+            let n = r.u32()? as usize;
+            let mut adapters = Vec::with_capacity(n.min(4096));
+            for _ in 0..n {
+                let id = r.u64()?;
+                let len = r.u32()? as usize;
+                let path = String::from_utf8_lossy(r.take(len)?).into_owned();
+                adapters.push((id, PathBuf::from(path)));
+            }
+            let n = r.u32()? as usize;
+            let dropped = (0..n).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
             Ok(Message::Step {
                 tag,
+                adapters,
+                dropped,
                 mode,
                 split: SubBatching::new(count, split).map_err(Error::Other)?,
                 batch: BatchMeta { seqs },
@@ -250,7 +291,13 @@ pub(crate) fn join(
     }
     let model = LlamaModel::new_shard(&shard, precision, layout.ranks[rank].vocab.clone())?;
     if rank == 0 {
-        let group = TpGroup::over_mpi(layout, comm, timeout, cpus.first().copied())?;
+        let group = TpGroup::over_mpi(
+            layout,
+            files.config.clone(),
+            comm,
+            timeout,
+            cpus.first().copied(),
+        )?;
         return Ok(MpiRole::Leader(group, model, pool));
     }
     // A follower's main thread runs its steps.
@@ -283,13 +330,10 @@ fn follow(
     layout: &TpLayout,
     files: &ModelFiles,
 ) -> Result<()> {
-    let ctx = ExecCtx {
-        pool,
-        planner,
-        precision,
-        adapters: &[],
-    };
     let c = &files.config;
+    let rank = comm.rank();
+    // This rank's parts of the adapters rank 0 has used, by rank 0's id.
+    let mut parts: HashMap<u64, Arc<LoraAdapter>> = HashMap::new();
     let kv_dim = layout.ranks[comm.rank()].kv_heads.len() * c.head_dim;
     // The few most recent KV storages rank 0 asked for, by tag.
     let mut kvs: Vec<KvStorage> = Vec::new();
@@ -316,10 +360,41 @@ fn follow(
             }
             Message::Step {
                 tag,
+                adapters,
+                dropped,
                 mode,
                 split,
                 batch,
             } => {
+                for id in dropped {
+                    parts.remove(&id);
+                }
+                let mut table = Vec::with_capacity(adapters.len());
+                for (id, path) in adapters {
+                    let part = match parts.get(&id) {
+                        Some(p) => p.clone(),
+                        None => {
+                            let p = LoraAdapter::load(&path, c)
+                                .and_then(|a| shard_adapter(&a, c, layout, rank))
+                                .map_err(|e| {
+                                    Error::Other(format!(
+                                        "loading adapter {} on this rank: {e}",
+                                        path.display()
+                                    ))
+                                })?;
+                            let p = Arc::new(p);
+                            parts.insert(id, p.clone());
+                            p
+                        }
+                    };
+                    table.push(part);
+                }
+                let ctx = ExecCtx {
+                    pool,
+                    planner,
+                    precision,
+                    adapters: &table,
+                };
                 let Some(kv) = kvs.iter_mut().find(|k| k.tag == tag) else {
                     return Err(Error::Other(format!(
                         "rank 0 used unknown KV storage {tag}"

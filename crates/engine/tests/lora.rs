@@ -24,6 +24,8 @@ use tessera_kernels::plan::Precision;
 use tessera_lora::{Factors, Target};
 use tessera_scheduler::SchedulerConfig;
 
+mod common;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -203,6 +205,39 @@ fn a_mixed_batch_gives_every_request_its_tokens_alone() {
             "{precision}: the adapter changed nothing"
         );
     }
+}
+
+#[test]
+fn the_prefix_cache_never_serves_one_adapters_kv_to_another() {
+    let g = goldens();
+    let e = engine(Precision::Exact);
+    let a = adapter(&e, g["adapters"]["rand-all7"]["path"].as_str().unwrap());
+    let b = adapter(&e, g["adapters"]["rand-ko"]["path"].as_str().unwrap());
+    // A prompt of several full blocks, run under the base, a, b, then a again.
+    let prompt: Vec<u32> = g["base"]["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| ids(&p["ids"]))
+        .take(3 * KV_BLOCK_SIZE + 5)
+        .collect();
+    let req = |lora: &Option<Arc<LoraAdapter>>| GenerateRequest {
+        prompt_ids: prompt.clone(),
+        max_tokens: 8,
+        params: SamplingParams::greedy(),
+        ignore_eos: true,
+        adapter: lora.clone(),
+        ..Default::default()
+    };
+    let order = [None, Some(a.clone()), Some(b.clone()), Some(a)];
+    let reqs: Vec<_> = order.iter().map(req).collect();
+    let (cached, hits) = common::requests_one_after_another(&e, &reqs, true, 1024);
+    let (fresh, none) = common::requests_one_after_another(&e, &reqs, false, 1024);
+    assert_eq!(none, 0);
+    assert_eq!(cached, fresh, "a cached prefix changed a request's tokens");
+    // Only the second request of adapter a finds its prompt cached.
+    assert_eq!(hits as usize, prompt.len() / KV_BLOCK_SIZE * KV_BLOCK_SIZE);
+    assert_ne!(fresh[0], fresh[1], "the adapter changed nothing");
 }
 
 fn copy_dir(from: &Path, to: &Path) {

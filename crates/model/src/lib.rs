@@ -31,6 +31,6 @@ pub use kv::{KvDtype, KvStorage};
 pub use linear::{DenseLinear, ExecCtx, Linear};
 pub use llama::LlamaModel;
 pub use prepared::{PreparedBatch, SubBatch};
-pub use shard::{shard_files, shard_files_noted, RankShard, ShardNotes, TpLayout};
+pub use shard::{shard_adapter, shard_files, shard_files_noted, RankShard, ShardNotes, TpLayout};
 pub use stages::StageReduce;
 pub use workspace::{StageScratch, Workspace};

@@ -19,7 +19,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use tessera_core::{Error, Result, WeightTensor};
-use tessera_formats::ModelFiles;
+use tessera_formats::{ModelConfig, ModelFiles};
+use tessera_lora::{LoraAdapter, Target};
 use tessera_runtime::{split_range, split_range_aligned};
 
 /// What one rank holds.
@@ -223,10 +224,7 @@ pub fn shard_files_noted(
         t.bytes.release_pages();
         tensors.insert(name.clone(), sliced);
     }
-    let mut config = c.clone();
-    config.n_heads = s.q_heads.len();
-    config.n_kv_heads = s.kv_heads.len();
-    config.intermediate_size = s.ff.len();
+    let config = rank_config(c, s);
     let files = ModelFiles {
         name: files.name.clone(),
         config,
@@ -234,6 +232,44 @@ pub fn shard_files_noted(
         tokenizer: files.tokenizer.clone(),
     };
     Ok((files, notes))
+}
+
+/// The configuration of a rank holding `s` of a model of `c`: its head counts and MLP width
+/// (the vocabulary size stays the model's).
+fn rank_config(c: &ModelConfig, s: &RankShard) -> ModelConfig {
+    let mut config = c.clone();
+    config.n_heads = s.q_heads.len();
+    config.n_kv_heads = s.kv_heads.len();
+    config.intermediate_size = s.ff.len();
+    config
+}
+
+/// Rank `rank`'s part of `adapter` (made for the whole model `cfg`), sharded like the base:
+/// for the column-parallel projections (q, k, v, gate, up) the rows of B that give the
+/// rank's output columns, A whole; for the row-parallel ones (o, down) the columns of A that
+/// read the rank's input slice, B whole. A row-parallel delta `B (A_r x_r)` is then the
+/// rank's share of `B (A x)`: it joins the base's partial sum before the all-reduce, with no
+/// collective of its own.
+pub fn shard_adapter(
+    adapter: &LoraAdapter,
+    cfg: &ModelConfig,
+    layout: &TpLayout,
+    rank: usize,
+) -> Result<LoraAdapter> {
+    let s = layout
+        .ranks
+        .get(rank)
+        .ok_or_else(|| Error::Config(format!("rank {rank} outside the layout")))?;
+    let hd = cfg.head_dim;
+    let q = s.q_heads.start * hd..s.q_heads.end * hd;
+    let kv = s.kv_heads.start * hd..s.kv_heads.end * hd;
+    adapter.map_modules(&rank_config(cfg, s), |_, target, m| match target {
+        Target::Q => m.slice_out(q.clone()),
+        Target::K | Target::V => m.slice_out(kv.clone()),
+        Target::Gate | Target::Up => m.slice_out(s.ff.clone()),
+        Target::O => m.slice_in(q.clone()),
+        Target::Down => m.slice_in(s.ff.clone()),
+    })
 }
 
 fn bias(t: &WeightTensor, r: Range<usize>) -> Result<WeightTensor> {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tessera_engine::request::LoraAdapter;
+use tessera_engine::AdapterPreparer;
 use tessera_formats::ModelConfig;
 
 use crate::api::ApiError;
@@ -32,8 +33,9 @@ pub struct AdapterRegistry {
     base: Arc<ModelConfig>,
     base_name: String,
     max_loras: usize,
-    /// Why adapters cannot be served at all (tensor parallelism), if so.
-    refused: Option<String>,
+    /// Under tensor parallelism, what makes each loaded adapter's per-rank parts (on the
+    /// loading thread, before the adapter's first step).
+    prepare: Option<AdapterPreparer>,
     state: Mutex<State>,
 }
 
@@ -46,18 +48,18 @@ pub struct AdapterInfo {
 }
 
 impl AdapterRegistry {
-    /// A registry for `base`; `refused` says why no adapter may be loaded (none: they may).
+    /// A registry for `base`; `prepare` makes tensor-parallel parts of each adapter loaded.
     pub fn new(
         base: ModelConfig,
         base_name: &str,
         max_loras: usize,
-        refused: Option<String>,
+        prepare: Option<AdapterPreparer>,
     ) -> Self {
         AdapterRegistry {
             base: Arc::new(base),
             base_name: base_name.to_string(),
             max_loras: max_loras.max(1),
-            refused,
+            prepare,
             state: Mutex::new(State::default()),
         }
     }
@@ -69,10 +71,17 @@ impl AdapterRegistry {
     /// Reads and checks an adapter file, on the blocking pool.
     async fn read(&self, path: &Path) -> Result<Arc<LoraAdapter>, ApiError> {
         let (base, p) = (self.base.clone(), path.to_path_buf());
-        let loaded = tokio::task::spawn_blocking(move || LoraAdapter::load(&p, &base))
-            .await
-            .map_err(|e| ApiError::new(500, "server_error", format!("loading the adapter: {e}")))?;
-        loaded.map(Arc::new).map_err(|e| {
+        let prepare = self.prepare.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let a = Arc::new(LoraAdapter::load(&p, &base)?);
+            if let Some(prep) = prepare {
+                prep.prepare(&a)?;
+            }
+            Ok::<_, tessera_core::Error>(a)
+        })
+        .await
+        .map_err(|e| ApiError::new(500, "server_error", format!("loading the adapter: {e}")))?;
+        loaded.map_err(|e| {
             ApiError::new(
                 400,
                 "invalid_request_error",
@@ -131,24 +140,24 @@ impl AdapterRegistry {
 
     /// Loads `name` from `path` at start-up (`--lora NAME=PATH`), on the calling thread.
     pub fn preload(&self, name: &str, path: &Path) -> Result<(), String> {
-        if let Some(why) = &self.refused {
-            return Err(format!("--lora {name}: {why}"));
-        }
         let mut st = self.lock();
         if name == self.base_name || st.entries.contains_key(name) {
             return Err(format!("--lora {name}: the name is taken"));
         }
-        let adapter = LoraAdapter::load(path, &self.base)
-            .map_err(|e| format!("--lora {name}={}: {e}", path.display()))?;
-        self.insert(&mut st, name, path.to_path_buf(), Arc::new(adapter));
+        let adapter = Arc::new(
+            LoraAdapter::load(path, &self.base)
+                .map_err(|e| format!("--lora {name}={}: {e}", path.display()))?,
+        );
+        if let Some(prep) = &self.prepare {
+            prep.prepare(&adapter)
+                .map_err(|e| format!("--lora {name}={}: {e}", path.display()))?;
+        }
+        self.insert(&mut st, name, path.to_path_buf(), adapter);
         Ok(())
     }
 
     /// Loads the adapter at `path` as `name` (`POST /v1/load_lora_adapter`).
     pub async fn load(&self, name: &str, path: &Path) -> Result<(), ApiError> {
-        if let Some(why) = &self.refused {
-            return Err(ApiError::invalid("lora_name", why.clone()));
-        }
         if name.is_empty() || name == self.base_name {
             return Err(ApiError::invalid(
                 "lora_name",

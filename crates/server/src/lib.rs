@@ -123,8 +123,7 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         engine.config.clone(),
         &opts.model_name,
         opts.max_loras,
-        (engine.tp_size() > 1)
-            .then(|| "LoRA adapters are not supported under tensor parallelism (--tp) yet".into()),
+        engine.adapter_preparer(),
     ));
     for (name, path) in &opts.loras {
         adapters.preload(name, path).map_err(anyhow::Error::msg)?;

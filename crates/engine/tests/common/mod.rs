@@ -5,6 +5,9 @@
 pub mod golden;
 pub mod tiny;
 
+use std::sync::Arc;
+
+use tessera_engine::request::LoraAdapter;
 use tessera_engine::{
     Engine, GenerateRequest, RequestEvent, SamplingParams, SplitBy, StepEngine, SubBatching,
     KV_BLOCK_SIZE,
@@ -16,6 +19,19 @@ use tessera_scheduler::SchedulerConfig;
 /// to its middle), then a mixed step of one decode token per other prompt and the rest of the
 /// last prompt, all positions' logits asked for; run with `sub`.
 fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<f32>> {
+    two_steps_with(e, prompts, &[], &[], sub)
+}
+
+/// [`two_steps`] with prompt i run under adapter slot `slots[i]` of `adapters` (the base
+/// model where `slots` has no entry or `None`).
+fn two_steps_with(
+    e: &mut Engine,
+    prompts: &[Vec<u32>],
+    adapters: &[Arc<LoraAdapter>],
+    slots: &[Option<u32>],
+    sub: SubBatching,
+) -> Vec<Vec<f32>> {
+    let slot = |i: usize| slots.get(i).copied().flatten();
     e.sub_batching = sub.into();
     let blocks_per_seq = prompts
         .iter()
@@ -39,25 +55,29 @@ fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<
                 } else {
                     p.clone()
                 };
-                SeqChunk::new(toks, 0, table(i), LogitsFor::All)
+                let mut c = SeqChunk::new(toks, 0, table(i), LogitsFor::All);
+                c.adapter = slot(i);
+                c
             })
             .collect(),
     };
-    let l1 = e.forward_kv(&first, &mut kv).unwrap();
+    let l1 = e.forward_kv_with(&first, &mut kv, adapters).unwrap();
     let second = BatchMeta {
         seqs: prompts
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                if i == last {
+                let mut c = if i == last {
                     SeqChunk::new(p[half..].to_vec(), half, table(i), LogitsFor::All)
                 } else {
                     SeqChunk::new(vec![p[0]], p.len(), table(i), LogitsFor::Last)
-                }
+                };
+                c.adapter = slot(i);
+                c
             })
             .collect(),
     };
-    let l2 = e.forward_kv(&second, &mut kv).unwrap();
+    let l2 = e.forward_kv_with(&second, &mut kv, adapters).unwrap();
     e.sub_batching = SubBatching::WHOLE.into();
     vec![l1.data, l2.data]
 }
@@ -65,11 +85,21 @@ fn two_steps(e: &mut Engine, prompts: &[Vec<u32>], sub: SubBatching) -> Vec<Vec<
 /// For S in 1..=4 and both split modes, the logits of a prefill step and a mixed
 /// decode/prefill step are bitwise identical to the one-pass forward.
 pub fn assert_sub_batch_invariant(e: &mut Engine, prompts: &[Vec<u32>]) {
-    let whole = two_steps(e, prompts, SubBatching::WHOLE);
+    assert_sub_batch_invariant_with(e, prompts, &[], &[])
+}
+
+/// [`assert_sub_batch_invariant`] with prompt i under adapter slot `slots[i]` of `adapters`.
+pub fn assert_sub_batch_invariant_with(
+    e: &mut Engine,
+    prompts: &[Vec<u32>],
+    adapters: &[Arc<LoraAdapter>],
+    slots: &[Option<u32>],
+) {
+    let whole = two_steps_with(e, prompts, adapters, slots, SubBatching::WHOLE);
     assert!(whole.iter().all(|l| !l.is_empty()));
     for split in [SplitBy::Sequence, SplitBy::Tokens] {
         for count in 1..=4 {
-            let got = two_steps(e, prompts, SubBatching { count, split });
+            let got = two_steps_with(e, prompts, adapters, slots, SubBatching { count, split });
             for (step, (a, b)) in whole.iter().zip(&got).enumerate() {
                 assert!(
                     a == b,
@@ -94,21 +124,34 @@ pub fn one_after_another(
     prefix_caching: bool,
     max_model_len: usize,
 ) -> (Vec<Vec<u32>>, u64) {
+    let reqs: Vec<GenerateRequest> = prompts
+        .iter()
+        .map(|p| GenerateRequest {
+            prompt_ids: p.clone(),
+            max_tokens: 8,
+            params: SamplingParams::greedy(),
+            ignore_eos: true,
+            ..Default::default()
+        })
+        .collect();
+    requests_one_after_another(e, &reqs, prefix_caching, max_model_len)
+}
+
+/// [`one_after_another`] for whole requests (their adapters, lengths, sampling).
+pub fn requests_one_after_another(
+    e: &Engine,
+    reqs: &[GenerateRequest],
+    prefix_caching: bool,
+    max_model_len: usize,
+) -> (Vec<Vec<u32>>, u64) {
     let mut cfg = SchedulerConfig::new(32, KV_BLOCK_SIZE);
     cfg.prefix_caching = prefix_caching;
     cfg.max_model_len = max_model_len;
     cfg.max_prefill_chunk = 16;
     let mut steps = StepEngine::new(e, cfg).unwrap();
     let mut out = vec![];
-    for (id, p) in prompts.iter().enumerate() {
-        let req = GenerateRequest {
-            prompt_ids: p.clone(),
-            max_tokens: 8,
-            params: SamplingParams::greedy(),
-            ignore_eos: true,
-            ..Default::default()
-        };
-        steps.submit(id as u64, &req).unwrap();
+    for (id, req) in reqs.iter().enumerate() {
+        steps.submit(id as u64, req).unwrap();
         let mut toks = vec![];
         let mut done = false;
         while !done {
@@ -120,7 +163,7 @@ pub fn one_after_another(
                 }
             }
         }
-        assert_eq!(toks.len(), 8);
+        assert_eq!(toks.len(), req.max_tokens);
         out.push(toks);
     }
     (out, steps.kv_metrics().prefix_hit_tokens)

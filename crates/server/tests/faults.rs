@@ -195,8 +195,8 @@ async fn a_dead_rank_fails_requests_naming_it_and_health_says_why() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("tensor parallelism"),
-        "{body}"
+            .contains("/nonexistent"),
+        "a bad adapter path under tensor parallelism is refused naming it: {body}"
     );
     let t0 = std::time::Instant::now();
     let (status, body) = s.post("/v1/completions", tokens(KILL_RANK, false)).await;

@@ -21,6 +21,8 @@
 #   COUNT=16 COUNTS="1 4 16" CONCURRENCY=16 REQUESTS=64 OUTPUT_TOKENS=64
 #   PROMPT_TOKENS=100 WARMUP=2 THREADS=<server --threads> MODEL=<base model path>
 #   DTYPE=bf16 (the adapters' factors: f32, f16 or bf16)
+#   TP=<ranks> (serve with --tp TP: LoRA under tensor parallelism, against TP's base)
+#   ONLY=all-r16 (run one adapter kind: qv-r8 or all-r16)
 #   OUT_DIR=<folder> SKIP_BUILD=1 (use the existing target/release/tessera)
 # A tiny smoke run:
 #   COUNT=2 COUNTS="1 2" REQUESTS=4 OUTPUT_TOKENS=8 CONCURRENCY=2 WARMUP=0 \
@@ -49,6 +51,14 @@ DTYPE=${DTYPE:-bf16}
 
 # Adapter kinds: name, rank, targets.
 KINDS=("qv-r8 8 q,v" "all-r16 16 all")
+TP=${TP:-}
+ONLY=${ONLY:-}
+if [[ -n "$ONLY" ]]; then
+    for k in "${KINDS[@]}"; do
+        [[ "${k%% *}" == "$ONLY" ]] && KINDS=("$k") && break
+    done
+    [[ "${KINDS[0]%% *}" == "$ONLY" ]] || { echo "bench-lora: ONLY=$ONLY is not an adapter kind" >&2; exit 1; }
+fi
 
 SERVER_PID=""
 CLIENT_PID=""
@@ -109,6 +119,9 @@ start_server() {
     PORT=$(free_port) || die "no free port"
     local args=(serve --host 127.0.0.1 --port "$PORT" --served-model-name base
         --max-loras "$COUNT" --lora-batching "$batching")
+    if [[ -n "$TP" ]]; then
+        args+=(--tp "$TP")
+    fi
     if [[ -n "$THREADS" ]]; then
         args+=(--threads "$THREADS")
     fi

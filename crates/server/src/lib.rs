@@ -18,6 +18,7 @@ pub mod spec;
 pub mod text;
 pub mod tokenize;
 pub mod tools;
+pub mod turn;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod body;
+pub mod chat;
 pub mod completions;
 pub mod lora;
 pub mod respond;
@@ -67,7 +68,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let key = || from_fn_with_state(state.clone(), auth::require_key);
     let v1 = Router::new()
         .route("/v1/completions", post(completions::completions))
-        .route("/v1/chat/completions", post(completions::chat_completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(models))
         .route("/v1/load_lora_adapter", post(lora::load))
         .route("/v1/unload_lora_adapter", post(lora::unload))

@@ -68,6 +68,68 @@ pub async fn collect(state: &AppState, mut sub: Submission) -> Result<Choice, Ap
     Err(engine_gone(state))
 }
 
+/// One choice's engine event, as the answers read them.
+pub enum Item {
+    Text {
+        text: String,
+        /// Empty unless logprobs were asked for.
+        logprobs: Vec<TokenLogprob>,
+    },
+    Finished {
+        reason: api::FinishReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    /// The choice failed, or its channel closed before it finished (the engine stopped).
+    Failed(String),
+}
+
+/// The choices' events merged as they come, `(choice, item)`, then one `None` once every
+/// choice has ended. Dropping the stream (client gone) drops the submissions, which abort
+/// their requests.
+pub fn merged(
+    state: Arc<AppState>,
+    subs: Vec<Submission>,
+    with_logprobs: bool,
+) -> impl Stream<Item = Option<(usize, Item)>> + Send {
+    let all = stream::select_all(subs.into_iter().enumerate().map(|(i, sub)| {
+        stream::unfold(Some(sub), move |sub| async move {
+            let mut sub = sub?;
+            match sub.events.recv().await {
+                // Closed without a last event: the engine is gone.
+                None => Some(((i, None), None)),
+                Some(ev @ (Event::Finished { .. } | Event::Failed { .. })) => {
+                    sub.finished();
+                    Some(((i, Some(ev)), None))
+                }
+                Some(ev) => Some(((i, Some(ev)), Some(sub))),
+            }
+        })
+        .boxed()
+    }));
+    all.map(move |(i, ev)| {
+        let item = match ev {
+            Some(Event::Text { text, logprobs, .. }) => Item::Text {
+                text,
+                logprobs: if with_logprobs { logprobs } else { Vec::new() },
+            },
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            }) => Item::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+            },
+            Some(Event::Failed { message }) => Item::Failed(message),
+            None => Item::Failed(engine_gone(&state).message),
+        };
+        Some((i, item))
+    })
+    .chain(stream::once(async { None }))
+}
+
 pub enum StreamItem {
     Delta {
         text: String,
@@ -89,71 +151,66 @@ pub fn sse_stream(
     mut render: impl FnMut(usize, StreamItem) -> Vec<Value> + Send + 'static,
     with_logprobs: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
-    let merged = stream::select_all(subs.into_iter().enumerate().map(|(i, sub)| {
-        stream::unfold(Some(sub), move |sub| async move {
-            let mut sub = sub?;
-            match sub.events.recv().await {
-                // Closed without a last event: the engine is gone.
-                None => Some(((i, None), None)),
-                Some(ev @ (Event::Finished { .. } | Event::Failed { .. })) => {
-                    sub.finished();
-                    Some(((i, Some(ev)), None))
-                }
-                Some(ev) => Some(((i, Some(ev)), Some(sub))),
-            }
-        })
-        .boxed()
-    }));
     // (prompt tokens, completion tokens) over all choices.
-    let usage = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
-    let tail_usage = usage.clone();
+    let mut usage = (0usize, 0usize);
     let n = n.max(1);
-    let body = merged.flat_map(move |(i, ev)| {
+    merged(state, subs, with_logprobs).flat_map(move |ev| {
         let items = match ev {
-            Some(Event::Text { text, logprobs, .. }) => render(
+            Some((i, Item::Text { text, logprobs })) => render(
                 i,
                 StreamItem::Delta {
                     text,
                     logprobs: with_logprobs.then_some(logprobs),
                 },
             ),
-            Some(Event::Finished {
-                reason,
-                prompt_tokens,
-                completion_tokens,
-            }) => {
-                let mut u = usage.lock().unwrap_or_else(|e| e.into_inner());
+            Some((
+                i,
+                Item::Finished {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                },
+            )) => {
                 if i % n == 0 {
-                    u.0 += prompt_tokens;
+                    usage.0 += prompt_tokens;
                 }
-                u.1 += completion_tokens;
+                usage.1 += completion_tokens;
                 render(i, StreamItem::Finish(reason))
             }
-            Some(Event::Failed { message }) => vec![error_chunk(&message)],
-            None => vec![error_chunk(&engine_gone(&state).message)],
+            Some((_, Item::Failed(message))) => vec![error_chunk(&message)],
+            None => {
+                let mut v = vec![];
+                if include_usage {
+                    v.push(json!({"object": "usage", "choices": [], "usage": api::usage(usage.0, usage.1)}));
+                }
+                let mut events: Vec<_> = v
+                    .into_iter()
+                    .map(|v| Ok(SseEvent::default().data(v.to_string())))
+                    .collect();
+                events.push(Ok(SseEvent::default().data("[DONE]")));
+                return stream::iter(events);
+            }
         };
         stream::iter(
             items
                 .into_iter()
-                .map(|v| Ok(SseEvent::default().data(v.to_string()))),
+                .map(|v| Ok(SseEvent::default().data(v.to_string())))
+                .collect::<Vec<_>>(),
         )
-    });
-    let tail = stream::once(async move { *tail_usage.lock().unwrap_or_else(|e| e.into_inner()) })
-        .flat_map(move |(p, c)| {
-            let mut v = vec![];
-            if include_usage {
-                v.push(Ok(SseEvent::default().data(
-                    json!({"object": "usage", "choices": [], "usage": api::usage(p, c)})
-                        .to_string(),
-                )));
-            }
-            v.push(Ok(SseEvent::default().data("[DONE]")));
-            stream::iter(v)
-        });
-    body.chain(tail)
+    })
+}
+
+/// The `data:` events of `values`.
+pub fn data_events(values: Vec<Value>) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    stream::iter(
+        values
+            .into_iter()
+            .map(|v| Ok(SseEvent::default().data(v.to_string())))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// An error event inside a stream.
-fn error_chunk(message: &str) -> Value {
+pub fn error_chunk(message: &str) -> Value {
     json!({"error": {"message": crate::text::safe_message(message), "type": "server_error"}})
 }

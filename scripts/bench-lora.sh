@@ -23,6 +23,7 @@
 #   DTYPE=bf16 (the adapters' factors: f32, f16 or bf16)
 #   TP=<ranks> (serve with --tp TP: LoRA under tensor parallelism, against TP's base)
 #   ONLY=all-r16 (run one adapter kind: qv-r8 or all-r16)
+#   SERIAL=0 (skip the adapter-serial run)
 #   OUT_DIR=<folder> SKIP_BUILD=1 (use the existing target/release/tessera)
 # A tiny smoke run:
 #   COUNT=2 COUNTS="1 2" REQUESTS=4 OUTPUT_TOKENS=8 CONCURRENCY=2 WARMUP=0 \
@@ -231,7 +232,9 @@ for k in "${KINDS[@]}"; do
     for n in $COUNTS; do
         run "$kind" mixed "$n"
     done
-    run "$kind" serial "$SERIAL_AT"
+    if [[ "${SERIAL:-1}" != 0 ]]; then
+        run "$kind" serial "$SERIAL_AT"
+    fi
 done
 
 echo

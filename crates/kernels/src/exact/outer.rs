@@ -219,6 +219,10 @@ fn pack_x_lanes(x: &[f32], k: usize, rows: Range<usize>, mr: usize, dst: &mut [f
     let steps = k / LANES;
     let m = rows.len();
     assert!(dst.len() == LANES * m * steps && rows.end * k <= x.len() && mr <= 16);
+    if steps == 0 {
+        // K < 8: nothing is chunked (the tail holds it all).
+        return;
+    }
     let mut i = rows.start;
     while i < rows.end {
         let mi = mr.min(rows.end - i);

@@ -120,12 +120,24 @@ async fn whole_streamed_and_counted() {
     assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
     assert_eq!(delta["usage"]["output_tokens"], 8);
 
-    // Stop sequences end the answer (end_turn: the engine does not say which stop it was).
-    let mut body = ask(32);
-    body["stop_sequences"] = json!(["Paris", "paris"]);
+    // A stop sequence (a word of the answer) ends it there: end_turn, as the engine does not
+    // say which stop it was.
+    let word = text
+        .split_whitespace()
+        .nth(1)
+        .expect("two words")
+        .to_string();
+    let mut body = ask(8);
+    body["stop_sequences"] = json!([word]);
     let (st, v) = s.post("/v1/messages", body).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["stop_reason"], "end_turn", "{v}");
+    assert_eq!(v["stop_sequence"], Value::Null);
+    let cut = v["content"][0]["text"].as_str().unwrap_or("");
+    assert!(
+        !cut.contains(&word) && text.starts_with(cut),
+        "{cut:?} vs {text:?}"
+    );
     s.assert_drained().await;
 }
 

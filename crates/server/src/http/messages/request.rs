@@ -31,6 +31,7 @@ const MESSAGE_FIELDS: &[&str] = &[
     "stream",
     "metadata",
     "service_tier",
+    "cache_control",
 ];
 
 /// The fields `POST /v1/messages/count_tokens` takes.
@@ -80,6 +81,14 @@ pub fn read(body: Value, count: bool, default_max_tokens: usize) -> Result<Asked
     if let Some(m) = field::<Value>(&mut body, "metadata")? {
         if !m.is_object() {
             return Err(ApiError::invalid("metadata", "metadata must be an object"));
+        }
+    }
+    if let Some(c) = field::<Value>(&mut body, "cache_control")? {
+        if !c.is_object() {
+            return Err(ApiError::invalid(
+                "cache_control",
+                "cache_control must be an object",
+            ));
         }
     }
     if let Some(t) = field::<String>(&mut body, "service_tier")? {
@@ -160,15 +169,26 @@ fn thinking(v: Option<Value>, max_tokens: Option<i64>) -> Result<bool, ApiError>
     let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
     if let Some(k) = v.as_object().and_then(|o| {
         o.keys()
-            .find(|k| !matches!(k.as_str(), "type" | "budget_tokens"))
+            .find(|k| !matches!(k.as_str(), "type" | "budget_tokens" | "display"))
     }) {
         return Err(ApiError::invalid(
             "thinking",
             format!("thinking.{k} is not supported"),
         ));
     }
+    match v.get("display") {
+        None | Some(Value::Null) => {}
+        Some(d) if d == "summarized" => {}
+        Some(d) => {
+            return Err(bad(&format!(
+                "thinking.display {d} is not supported (the thinking is returned whole; \
+                 \"summarized\" is accepted)"
+            )))
+        }
+    }
     match kind {
         "disabled" => Ok(false),
+        "adaptive" => Ok(true),
         "enabled" => {
             let budget = v
                 .get("budget_tokens")
@@ -185,7 +205,7 @@ fn thinking(v: Option<Value>, max_tokens: Option<i64>) -> Result<bool, ApiError>
         other => Err(ApiError::invalid(
             "thinking",
             format!(
-                "thinking.type {} is not one of \"enabled\", \"disabled\"",
+                "thinking.type {} is not one of \"enabled\", \"adaptive\", \"disabled\"",
                 quote(other)
             ),
         )),
@@ -345,7 +365,11 @@ fn blocks(content: &Value, param: &str) -> Result<Vec<Map<String, Value>>, ApiEr
                 ),
             ));
         }
-        if let Some(k) = o.keys().find(|k| !keys.contains(&k.as_str())) {
+        // A key that is null is absent (clients' models dump their unset fields as null).
+        if let Some((k, _)) = o
+            .iter()
+            .find(|(k, v)| !v.is_null() && !keys.contains(&k.as_str()))
+        {
             return Err(ApiError::invalid(
                 &here,
                 format!("{here}.{k} is not supported in a {kind} block"),

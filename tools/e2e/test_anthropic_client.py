@@ -16,6 +16,9 @@ WEATHER = {"name": "get_weather", "description": "The current weather in a city"
                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
                "required": ["city", "unit"], "additionalProperties": False}}
 ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+# Recent `anthropic` releases dropped the sampling arguments of create(); the server takes
+# `temperature` as Anthropic's API does, sent here through extra_body.
+GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def smol():
 
 def test_create_stream_and_count(smol):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    r = smol.messages.create(model="smol", max_tokens=12, temperature=0, system="Be brief.",
+    r = smol.messages.create(model="smol", max_tokens=12, extra_body=GREEDY, system="Be brief.",
                              messages=msgs, metadata={"user_id": "u1"})
     assert r.type == "message" and r.role == "assistant" and r.id.startswith("msg_")
     assert r.stop_reason in ("end_turn", "max_tokens")
@@ -35,7 +38,7 @@ def test_create_stream_and_count(smol):
     assert block.type == "text" and block.text
     assert r.usage.output_tokens <= 12 and r.usage.input_tokens > 0
 
-    with smol.messages.stream(model="smol", max_tokens=12, temperature=0, system="Be brief.",
+    with smol.messages.stream(model="smol", max_tokens=12, extra_body=GREEDY, system="Be brief.",
                               messages=msgs) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -74,14 +77,14 @@ def check_weather(inp):
 
 def test_forced_tool_whole_streamed_and_answered(qwen):
     forced = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
-    r = qwen.messages.create(model="qwen", max_tokens=100, temperature=0, messages=ASK,
+    r = qwen.messages.create(model="qwen", max_tokens=100, extra_body=GREEDY, messages=ASK,
                              tools=[WEATHER], tool_choice=forced)
     assert r.stop_reason == "tool_use", r
     (use,) = [b for b in r.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     check_weather(use.input)
 
-    with qwen.messages.stream(model="qwen", max_tokens=100, temperature=0, messages=ASK,
+    with qwen.messages.stream(model="qwen", max_tokens=100, extra_body=GREEDY, messages=ASK,
                               tools=[WEATHER], tool_choice=forced) as stream:
         final = stream.get_final_message()
     (suse,) = [b for b in final.content if b.type == "tool_use"]
@@ -91,7 +94,7 @@ def test_forced_tool_whole_streamed_and_answered(qwen):
     turn = ASK + [{"role": "assistant", "content": [b.model_dump() for b in r.content]},
                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                                 "content": '{"temperature": 21, "sky": "sunny"}'}]}]
-    r2 = qwen.messages.create(model="qwen", max_tokens=60, temperature=0, messages=turn,
+    r2 = qwen.messages.create(model="qwen", max_tokens=60, extra_body=GREEDY, messages=turn,
                               tools=[WEATHER])
     assert r2.usage.input_tokens > r.usage.input_tokens + 20
     text = "".join(b.text for b in r2.content if b.type == "text")

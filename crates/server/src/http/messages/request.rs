@@ -514,6 +514,15 @@ fn conversation(list: &[Value], out: &mut Vec<ChatMessage>) -> Result<(), ApiErr
             }
         }
         if role == "assistant" {
+            if i + 1 == list.len() {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!(
+                        "{param}: a final assistant turn (a prefill to continue) is not \
+                         supported; end the conversation with a user turn"
+                    ),
+                ));
+            }
             let mut a = ChatMessage::new("assistant", &text);
             if !tool_calls.is_empty() {
                 a.tool_calls = Some(Value::Array(tool_calls));

@@ -78,6 +78,9 @@ fn bad_blocks_are_refused() {
     let e = err(req(json!({"messages": [{"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "toolu_x", "content": "r"}]}]})));
     assert!(e.message.contains("toolu_x"), "{e:?}");
+    let e = err(req(json!({"messages": [{"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "The answer is"}]})));
+    assert_eq!(e.param.as_deref(), Some("messages[1]"), "{e:?}");
 }
 
 #[test]

@@ -84,9 +84,17 @@ def test_forced_tool_whole_streamed_and_answered(qwen):
     assert use.name == "get_weather" and use.id.startswith("toolu_")
     check_weather(use.input)
 
+    kinds = []
     with qwen.messages.stream(model="qwen", max_tokens=100, extra_body=GREEDY, messages=ASK,
                               tools=[WEATHER], tool_choice=forced) as stream:
+        for ev in stream:
+            if ev.type == "content_block_start":
+                kinds.append(ev.content_block.type)
+            elif ev.type == "content_block_delta" and ev.delta.type == "input_json_delta":
+                kinds.append("json")
         final = stream.get_final_message()
+    # The tool_use block opens with its id and name, then its input in JSON fragments.
+    assert "tool_use" in kinds and kinds[kinds.index("tool_use") + 1] == "json", kinds
     (suse,) = [b for b in final.content if b.type == "tool_use"]
     assert final.stop_reason == "tool_use" and suse.input == use.input
 

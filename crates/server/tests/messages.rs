@@ -235,3 +235,38 @@ async fn x_api_key_and_anthropic_headers() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_is_overloaded() {
+    let s = start(
+        |c| {
+            c.max_num_seqs = 1;
+            c.max_num_batched_tokens = 16;
+            c.max_waiting = 1;
+        },
+        None,
+    )
+    .await;
+    let mut tasks = vec![];
+    for _ in 0..6 {
+        let c = s.client.clone();
+        let url = format!("{}/v1/messages", s.base);
+        tasks.push(tokio::spawn(async move {
+            let r = c.post(url).json(&ask(40)).send().await.unwrap();
+            let st = r.status().as_u16();
+            (st, r.json::<Value>().await.unwrap())
+        }));
+    }
+    let mut codes = vec![];
+    for t in tasks {
+        let (st, v) = t.await.unwrap();
+        if st == 503 {
+            anthropic_error(st, &v, 503, "overloaded_error");
+        } else {
+            assert_eq!(st, 200, "{v}");
+        }
+        codes.push(st);
+    }
+    assert!(codes.contains(&503), "{codes:?}");
+    s.assert_drained().await;
+}

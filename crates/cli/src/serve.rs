@@ -14,8 +14,9 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` (scheme in any case) on every /v1 route:
-    /// completions, chat completions, models, and loading and unloading LoRA adapters.
+    /// Require `Authorization: Bearer KEY` (scheme in any case) or `x-api-key: KEY` on every
+    /// /v1 route: completions, chat completions, messages, models, and loading and unloading
+    /// LoRA adapters.
     /// /health is always open; /metrics is open unless --metrics-require-key.
     #[arg(long)]
     pub api_key: Option<String>,

@@ -32,7 +32,7 @@ pub struct ServeOptions {
     pub addr: SocketAddr,
     pub model_name: String,
     /// The key every `/v1` route (and `/metrics`, if [`HttpOptions::metrics_require_key`])
-    /// requires as `Authorization: Bearer KEY`.
+    /// requires as `Authorization: Bearer KEY` or `x-api-key: KEY`.
     pub api_key: Option<String>,
     pub scheduler: SchedulerConfig,
     pub default_max_tokens: usize,

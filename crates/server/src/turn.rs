@@ -45,6 +45,8 @@ pub struct StartedTurn {
     pub model: String,
     /// The engine's id of the first choice (answers' ids are made from it).
     pub first_id: u64,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
     pub spec: GenSpec,
     parser: Arc<dyn Fn() -> ChoiceParser + Send + Sync>,
 }
@@ -64,17 +66,7 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<StartedTurn,
     let mut call_tools: Option<Arc<Vec<Value>>> = None;
     if let Some(t) = tools.as_ref().filter(|t| t.parses_calls()) {
         let tok = state.tokenizers.tokenizer();
-        let format = state
-            .output
-            .tools
-            .filter(|_| tok.chat_template_source().contains("tools"))
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    tools_param,
-                    "this model's chat template does not take tools (serve a model whose \
-                     template does, or send tool_choice \"none\")",
-                )
-            })?;
+        let format = tool_format(state, tools_param)?;
         if let Some(c) = t.constraint(format, &|s| tok.added_token_id(s))? {
             if spec.base.constraint.is_some() {
                 return Err(ApiError::invalid(
@@ -93,7 +85,48 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<StartedTurn,
     };
     let (adapter, model) = resolve_model(state, &model).await?;
     let reservation = state.handle.admission.reserve(spec.n, 1)?;
-    let ids = state
+    let ids = render(state, messages, messages_param, extras).await?;
+    check_prompt(state, messages_param, &ids)?;
+    let prompt_tokens = ids.len();
+    let subs = submit_all(state, &[ids], &spec, &adapter, reservation).await?;
+    let output = state.output.clone();
+    Ok(StartedTurn {
+        first_id: subs[0].id,
+        prompt_tokens,
+        subs,
+        model,
+        spec,
+        parser: Arc::new(move || {
+            ChoiceParser::new(&output, call_tools.as_deref().map(Vec::as_slice))
+        }),
+    })
+}
+
+/// The tool-call format the answer is read in; refused (naming `tools_param`) when the
+/// model's chat template does not take tools.
+fn tool_format(state: &AppState, tools_param: &str) -> Result<crate::tools::ToolFormat, ApiError> {
+    let tok = state.tokenizers.tokenizer();
+    state
+        .output
+        .tools
+        .filter(|_| tok.chat_template_source().contains("tools"))
+        .ok_or_else(|| {
+            ApiError::invalid(
+                tools_param,
+                "this model's chat template does not take tools (serve a model whose \
+                 template does, or send tool_choice \"none\")",
+            )
+        })
+}
+
+/// The conversation rendered by the chat template and tokenized, on the tokenizer pool.
+async fn render(
+    state: &AppState,
+    messages: Vec<ChatMessage>,
+    messages_param: &'static str,
+    extras: ChatExtras,
+) -> Result<Vec<u32>, ApiError> {
+    state
         .tokenizers
         .run(move |tok| {
             // Message contents are text: special tokens in them are not parsed.
@@ -105,19 +138,23 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<StartedTurn,
                     _ => ApiError::invalid(messages_param, e.to_string()),
                 })
         })
-        .await?;
-    check_prompt(state, messages_param, &ids)?;
-    let subs = submit_all(state, &[ids], &spec, &adapter, reservation).await?;
-    let output = state.output.clone();
-    Ok(StartedTurn {
-        first_id: subs[0].id,
-        subs,
-        model,
-        spec,
-        parser: Arc::new(move || {
-            ChoiceParser::new(&output, call_tools.as_deref().map(Vec::as_slice))
-        }),
-    })
+        .await
+}
+
+/// The length in tokens of the prompt `turn` renders to, as [`start`] would render it
+/// (model, tools and template checked the same way), with nothing submitted.
+pub async fn count_prompt(state: &Arc<AppState>, turn: ChatTurn) -> Result<usize, ApiError> {
+    if turn.tools.as_ref().is_some_and(ToolSpec::parses_calls) {
+        tool_format(state, turn.tools_param)?;
+    }
+    resolve_model(state, &turn.model).await?;
+    let extras = ChatExtras {
+        tools: turn.tools.as_ref().and_then(ToolSpec::shown),
+        kwargs: turn.template_kwargs,
+    };
+    Ok(render(state, turn.messages, turn.messages_param, extras)
+        .await?
+        .len())
 }
 
 /// Why a choice ended, as every dialect needs it.

@@ -1,5 +1,5 @@
 //! The API key: a layer in front of the protected routes that checks
-//! `Authorization: Bearer KEY` from the headers alone, before any handler reads the body, so
+//! `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) from the headers alone, before any handler reads the body, so
 //! a client without the key cannot make the server read (or wait for) a body. The scheme is
 //! matched in any case (`bearer`, `Bearer`, ...); the key is compared in constant time, as
 //! SHA-256 digests, so neither its bytes nor its length leak through timing.
@@ -47,14 +47,23 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     Some(token.trim_ascii()).filter(|t| !t.is_empty())
 }
 
+/// The key of an `x-api-key: KEY` header (Anthropic's clients send it).
+pub fn x_api_key(headers: &HeaderMap) -> Option<&[u8]> {
+    Some(headers.get("x-api-key")?.as_bytes().trim_ascii()).filter(|t| !t.is_empty())
+}
+
 /// Lets the request through only with the key (when the server has one).
 pub async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        if !bearer_token(req.headers()).is_some_and(|t| key.matches(t)) {
+        let h = req.headers();
+        let ok = bearer_token(h).is_some_and(|t| key.matches(t))
+            || x_api_key(h).is_some_and(|t| key.matches(t));
+        if !ok {
             let mut r = ApiError::new(
                 401,
                 "authentication_error",
-                "missing or invalid API key (expected the header Authorization: Bearer KEY)",
+                "missing or invalid API key (expected the header Authorization: Bearer KEY or \
+                 x-api-key: KEY)",
             )
             .into_response();
             r.headers_mut()
@@ -84,6 +93,16 @@ mod tests {
             assert_eq!(bearer_token(&headers(v)), None, "{v:?}");
         }
         assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn x_api_key_header() {
+        let mut h = HeaderMap::new();
+        assert_eq!(x_api_key(&h), None);
+        h.insert("x-api-key", HeaderValue::from_static(" k1 "));
+        assert_eq!(x_api_key(&h), Some(&b"k1"[..]));
+        h.insert("x-api-key", HeaderValue::from_static(""));
+        assert_eq!(x_api_key(&h), None);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The HTTP routes (axum) and what they share. `/v1/*` (completions, chat completions,
-//! models, adapter loading and unloading) sits behind the API key when one is set
+//! Anthropic messages ([`messages`]), models, adapter loading and unloading) sits behind the API key when one is set
 //! ([`auth`]); `/health` is always open; `/metrics` is open unless the server is told to
 //! protect it too. Request bodies are read under a size limit and a deadline ([`body`]);
 //! the generation handlers are in [`completions`], their answers (whole or streamed) in
@@ -10,6 +10,7 @@ pub mod body;
 pub mod chat;
 pub mod completions;
 pub mod lora;
+pub mod messages;
 pub mod respond;
 
 use std::sync::Arc;
@@ -73,12 +74,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/load_lora_adapter", post(lora::load))
         .route("/v1/unload_lora_adapter", post(lora::unload))
         .route_layer(key());
+    // Anthropic Messages: its errors (the key's included) in Anthropic's shape.
+    let anthropic = Router::new()
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route_layer(key())
+        .route_layer(axum::middleware::from_fn(messages::error_shape));
     let mut metrics_route = Router::new().route("/metrics", get(metrics));
     if state.metrics_require_key {
         metrics_route = metrics_route.route_layer(key());
     }
     Router::new()
         .merge(v1)
+        .merge(anthropic)
         .merge(metrics_route)
         .route("/health", get(health))
         .fallback(not_found)

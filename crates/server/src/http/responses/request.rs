@@ -251,6 +251,15 @@ pub fn read(
     }
 
     // Sampling through the shared validation.
+    for k in ["max_output_tokens", "temperature", "top_p"] {
+        match body.get(k) {
+            Some(v) if k == "max_output_tokens" && !(v.is_i64() || v.is_u64()) => {
+                return Err(bad(k, format!("{k} must be an integer")))
+            }
+            Some(v) if !v.is_number() => return Err(bad(k, format!("{k} must be a number"))),
+            _ => {}
+        }
+    }
     let common: CommonParams = serde_json::from_value(json!({
         "model": model,
         "max_tokens": body.get("max_output_tokens"),

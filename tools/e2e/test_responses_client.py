@@ -60,13 +60,16 @@ def test_create_store_get_delete(smol):
 
 def test_stream_text_deltas(smol):
     c = client_of(smol)
-    deltas = []
+    deltas, final = [], None
     with c.responses.stream(model="smol", input="Say hello.", max_output_tokens=12,
                             temperature=0) as stream:
         for event in stream:
             if event.type == "response.output_text.delta":
                 deltas.append(event.delta)
-        final = stream.get_final_response()
+            # Cut at max_output_tokens the stream ends with response.incomplete, as OpenAI's
+            # does (get_final_response() wants response.completed).
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
     assert deltas and "".join(deltas) == final.output_text
     # The raw event stream's sequence numbers increase from 0.
     events = list(c.responses.create(model="smol", input="Hi.", max_output_tokens=6, stream=True))
@@ -78,7 +81,8 @@ def test_stream_text_deltas(smol):
 def test_function_tool_round_trip(qwen):
     c = client_of(qwen)
     r = c.responses.create(model="qwen", input="What is the weather in Paris?", tools=[WEATHER],
-                           tool_choice="required", max_output_tokens=80, temperature=0)
+                           tool_choice="required", parallel_tool_calls=False,
+                           max_output_tokens=80, temperature=0)
     calls = [i for i in r.output if i.type == "function_call"]
     assert calls and calls[0].name == "get_weather", r.output
     assert "city" in json.loads(calls[0].arguments)
@@ -90,7 +94,7 @@ def test_function_tool_round_trip(qwen):
     # Streamed: the call's arguments arrive as deltas.
     args = []
     with c.responses.stream(model="qwen", input="Weather in Rome?", tools=[WEATHER],
-                            tool_choice="required", max_output_tokens=80,
+                            tool_choice="required", parallel_tool_calls=False, max_output_tokens=80,
                             temperature=0) as stream:
         for event in stream:
             if event.type == "response.function_call_arguments.delta":
@@ -138,6 +142,8 @@ def test_agents_sdk_two_tool_loop(qwen):
                                 max_turns=6)
 
     result = asyncio.run(main())
-    assert "add" in ran, ran
-    assert result.final_output is not None
+    # Both tools ran, each result went back to the model, and `add` ended the run with its
+    # output as the final answer.
+    assert ran == ["get_weather", "add"], ran
+    assert str(result.final_output) == "5", result.final_output
     print("agent loop:", ran, "->", result.final_output)

@@ -5,6 +5,7 @@
 //! ([`store`]) for `previous_response_id`, which re-renders the whole conversation so that
 //! the prompt shares its prefix (and the prefix cache its KV blocks) with the earlier one.
 
+pub mod items;
 pub mod output;
 pub mod request;
 pub mod store;

@@ -343,3 +343,86 @@ impl Streamer {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(evs: &[Ev]) -> Vec<&'static str> {
+        evs.iter().map(|(n, _)| *n).collect()
+    }
+
+    #[test]
+    fn reasoning_then_a_call_streams_two_items_and_no_blank_message() {
+        let mut s = Streamer::new();
+        let mut evs = vec![];
+        evs.extend(s.part(Part::Reasoning("let me ".into())));
+        evs.extend(s.part(Part::Reasoning("think".into())));
+        evs.extend(s.part(Part::Content("\n\n".into())));
+        evs.extend(s.part(Part::CallStart {
+            index: 0,
+            id: "call_1".into(),
+            name: "f".into(),
+        }));
+        evs.extend(s.part(Part::CallArgs {
+            index: 0,
+            args: "{\"a\":".into(),
+        }));
+        evs.extend(s.part(Part::CallArgs {
+            index: 0,
+            args: "1}".into(),
+        }));
+        evs.extend(s.finish());
+        assert_eq!(
+            names(&evs),
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
+        );
+        for (i, (_, d)) in evs.iter().enumerate() {
+            assert_eq!(d["sequence_number"], i);
+        }
+        assert_eq!(s.output.len(), 2);
+        assert_eq!(s.output[0]["content"][0]["text"], "let me think");
+        assert_eq!(s.output[1]["arguments"], "{\"a\":1}");
+        assert_eq!(s.output[1]["call_id"], "call_1");
+        assert_eq!(evs[7].1["output_index"], 1);
+        // The same answer whole gives the same items.
+        let whole = items_of(&Parsed {
+            reasoning: Some("let me think".into()),
+            content: "\n\n".into(),
+            calls: vec![crate::chat_output::Call {
+                id: "call_1".into(),
+                name: "f".into(),
+                arguments: "{\"a\":1}".into(),
+            }],
+        });
+        let types = |v: &[Value]| v.iter().map(|i| i["type"].clone()).collect::<Vec<_>>();
+        assert_eq!(types(&whole), types(&s.output));
+    }
+
+    #[test]
+    fn leading_whitespace_is_kept_once_text_follows_and_empty_answers_get_a_message() {
+        let mut s = Streamer::new();
+        let mut evs = s.part(Part::Content(" ".into()));
+        assert!(evs.is_empty());
+        evs.extend(s.part(Part::Content("Hi".into())));
+        evs.extend(s.finish());
+        assert_eq!(s.output[0]["content"][0]["text"], " Hi");
+        let mut s = Streamer::new();
+        let evs = s.finish();
+        assert_eq!(names(&evs).len(), 6, "{:?}", names(&evs));
+        assert_eq!(s.output[0]["type"], "message");
+    }
+}

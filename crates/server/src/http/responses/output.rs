@@ -422,7 +422,7 @@ mod tests {
         assert_eq!(s.output[0]["content"][0]["text"], " Hi");
         let mut s = Streamer::new();
         let evs = s.finish();
-        assert_eq!(names(&evs).len(), 6, "{:?}", names(&evs));
+        assert_eq!(names(&evs).len(), 5, "no delta: {:?}", names(&evs));
         assert_eq!(s.output[0]["type"], "message");
     }
 }

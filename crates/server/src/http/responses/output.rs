@@ -132,6 +132,12 @@ pub struct Streamer {
 /// One typed event: its `type` and its data (with `type` and `sequence_number`).
 pub type Ev = (&'static str, Value);
 
+impl Default for Streamer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Streamer {
     pub fn new() -> Self {
         Streamer {

@@ -172,7 +172,7 @@ pub fn read(
         }
     }
     if let Some(m) = body.get("metadata") {
-        if !m.as_object().is_some_and(|m| m.len() <= 16) {
+        if m.as_object().is_none_or(|m| m.len() > 16) {
             return Err(bad(
                 "metadata",
                 "metadata must be an object of at most 16 keys",

@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// over it is refused before the body is read).
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Bytes of stored responses (`/v1/responses` with `store`) kept at most; the least
+    /// recently used are evicted past it, and one response bigger than it is not kept.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub responses_store_bytes: usize,
     /// Prompts tokenized (and chat templates rendered) at once, off the request threads;
     /// more wait for a turn.
     #[arg(long, default_value_t = 2)]
@@ -183,6 +187,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_timeout,
         keep_alive_timeout,
         max_body_bytes,
+        responses_store_bytes,
         tokenize_concurrency,
         served_model_name,
         max_num_seqs,
@@ -225,6 +230,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body_bytes,
         tokenize_concurrency,
         metrics_require_key,
+        responses_store_bytes,
     };
     http.validate()
         .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;

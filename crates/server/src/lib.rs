@@ -65,6 +65,8 @@ pub struct HttpOptions {
     pub tokenize_concurrency: usize,
     /// Whether `/metrics` requires the API key too.
     pub metrics_require_key: bool,
+    /// Bytes the Responses API's store keeps at most (least recently used evicted past it).
+    pub responses_store_bytes: usize,
 }
 
 impl Default for HttpOptions {
@@ -76,6 +78,7 @@ impl Default for HttpOptions {
             max_body_bytes: 8 << 20,
             tokenize_concurrency: 2,
             metrics_require_key: false,
+            responses_store_bytes: 64 << 20,
         }
     }
 }
@@ -150,6 +153,7 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         body_timeout: opts.http.body_timeout,
         metrics_require_key: opts.http.metrics_require_key,
         output,
+        responses: http::responses::ResponseStore::new(opts.http.responses_store_bytes),
     });
     // The chat page at `/` sits outside the API routes (and their key check).
     Ok(http::router(state).merge(chat_page::router()))

@@ -12,6 +12,7 @@ pub mod completions;
 pub mod lora;
 pub mod messages;
 pub mod respond;
+pub mod responses;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,6 +49,8 @@ pub struct AppState {
     pub metrics_require_key: bool,
     /// How chat answers are read for reasoning and tool calls.
     pub output: crate::chat_output::OutputParsers,
+    /// Stored Responses API responses (`store`, `previous_response_id`).
+    pub responses: responses::ResponseStore,
 }
 
 impl AppState {
@@ -70,6 +73,11 @@ pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
         .route("/v1/models", get(models))
         .route("/v1/load_lora_adapter", post(lora::load))
         .route("/v1/unload_lora_adapter", post(lora::unload))

@@ -65,6 +65,9 @@ pub struct HttpOptions {
     pub tokenize_concurrency: usize,
     /// Whether `/metrics` requires the API key too.
     pub metrics_require_key: bool,
+    /// Origins browsers may call the API from (`--cors-origins`; `*`: any); empty: no
+    /// CORS headers at all (the default).
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for HttpOptions {
@@ -76,6 +79,7 @@ impl Default for HttpOptions {
             max_body_bytes: 8 << 20,
             tokenize_concurrency: 2,
             metrics_require_key: false,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -97,6 +101,7 @@ impl HttpOptions {
         if self.tokenize_concurrency == 0 {
             return Err("--tokenize-concurrency must be at least 1".into());
         }
+        http::cors::layer(&self.cors_origins)?;
         Ok(())
     }
 
@@ -152,7 +157,14 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         output,
     });
     // The chat page at `/` sits outside the API routes (and their key check).
-    Ok(http::router(state).merge(chat_page::router()))
+    let router = http::router(state).merge(chat_page::router());
+    // Outermost: a preflight is answered before any key check.
+    Ok(
+        match http::cors::layer(&opts.http.cors_origins).map_err(anyhow::Error::msg)? {
+            Some(cors) => router.layer(cors),
+            None => router,
+        },
+    )
 }
 
 /// Serves `router` on `listener` with `http`'s connection timeouts until `shutdown`.

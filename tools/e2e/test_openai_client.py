@@ -173,3 +173,42 @@ def test_tools_need_a_template_that_takes_them(client):
     r = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],
                                        tools=tools, tool_choice="none", max_tokens=4)
     assert r.choices[0].message.tool_calls is None
+
+
+def test_chat_as_clients_expect_it(client):
+    """Issue 47: logit_bias through the client, the role-only first delta, the usage chunk
+    shaped like the others, cached_tokens, context_length_exceeded, unknown fields refused."""
+    msgs = [{"role": "user", "content": "Say something."}]
+    plain = client.chat.completions.create(model="smol", messages=msgs, max_tokens=3,
+                                           temperature=0).choices[0].message.content
+    # Any single-token id's +100 makes greedy output that token thrice.
+    r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=3, temperature=0,
+                                       logit_bias={"28": 100})
+    out = r.choices[0].message.content
+    assert out != plain and len(set(out)) == 1, (plain, out)
+    chunks = list(client.chat.completions.create(
+        model="smol", messages=msgs, max_tokens=3, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[0].choices[0].delta.content == ""
+    assert all(c.choices[0].delta.role is None for c in chunks[1:] if c.choices)
+    last = chunks[-1]
+    assert last.choices == [] and last.object == "chat.completion.chunk"
+    assert last.id == chunks[0].id and last.usage.completion_tokens == 3
+    long = [{"role": "user", "content": "Tell me about the sea. " * 40}]
+    a = client.chat.completions.create(model="smol", messages=long, max_tokens=1)
+    b = client.chat.completions.create(model="smol", messages=long, max_tokens=1)
+    assert b.usage.prompt_tokens_details.cached_tokens > 0, b.usage
+    assert a.usage.prompt_tokens_details.cached_tokens <= b.usage.prompt_tokens_details.cached_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=[
+            {"role": "user", "content": "word " * 1200}], max_tokens=1)
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=msgs, max_tokens=1,
+                                       extra_body={"frobnicate": 1})
+    assert "frobnicate" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smol", messages=msgs, max_tokens=1,
+                                       logit_bias={"28": 101})
+    assert e.value.param == "logit_bias" or "logit_bias" in str(e.value)

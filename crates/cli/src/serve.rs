@@ -23,6 +23,11 @@ pub struct ServeArgs {
     /// Make /metrics require the --api-key too.
     #[arg(long, requires = "api_key")]
     pub metrics_require_key: bool,
+    /// Origins browsers may call the API from, comma-separated (`*`: any), e.g.
+    /// `https://app.example.com,http://localhost:5173`. Off by default (no CORS headers);
+    /// preflights are answered without the API key.
+    #[arg(long, value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
     /// Seconds a client has to send a complete request head: from connecting, or from the
     /// first byte of its next request on a kept-alive connection. Slower ones are
     /// disconnected.
@@ -183,6 +188,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         port,
         api_key,
         metrics_require_key,
+        cors_origins,
         header_timeout,
         body_timeout,
         keep_alive_timeout,
@@ -231,6 +237,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tokenize_concurrency,
         metrics_require_key,
         responses_store_bytes,
+        cors_origins,
     };
     http.validate()
         .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;

@@ -27,6 +27,8 @@ pub(crate) struct LiveRequest {
     pub generated: usize,
     /// Drafts per verification for this request: `None` follows the engine's setting.
     pub spec_tokens: Option<usize>,
+    /// Prompt tokens the prefix cache served: where the first scheduled chunk started.
+    pub cached_tokens: Option<usize>,
 }
 
 /// What a verification did.
@@ -58,7 +60,8 @@ impl LiveRequest {
             constraint,
             masked: Vec::new(),
             adapter: req.adapter.clone(),
-            sampler: Sampler::new(req.params.clone(), &req.prompt_ids),
+            sampler: Sampler::new(req.params.clone(), &req.prompt_ids)
+                .with_logit_bias(req.logit_bias.clone()),
             stream: StreamDecoder::new(),
             stops: StopMatcher::new(&req.stop),
             logprobs: req.logprobs,
@@ -66,6 +69,7 @@ impl LiveRequest {
             prompt_tokens: req.prompt_ids.len(),
             generated: 0,
             spec_tokens: req.spec_tokens,
+            cached_tokens: None,
         }
     }
 

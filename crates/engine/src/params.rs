@@ -149,6 +149,16 @@ pub const FREQUENCY_PENALTY: FloatRange = FloatRange {
     min_open: false,
 };
 
+/// OpenAI's `logit_bias` values.
+pub const LOGIT_BIAS: FloatRange = FloatRange {
+    param: "logit_bias",
+    min: -100.0,
+    max: 100.0,
+    min_open: false,
+};
+/// Most `logit_bias` entries per request (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
 impl SamplingParams {
     /// Checks every sampling parameter's range; the error names the parameter.
     pub fn validate(&self) -> Result<(), ParamError> {
@@ -190,6 +200,18 @@ impl GenerateRequest {
         if let Some(k) = self.spec_tokens {
             SPEC_TOKENS.check(i64::try_from(k).unwrap_or(i64::MAX))?;
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(ParamError {
+                param: "logit_bias",
+                message: format!(
+                    "logit_bias takes at most {MAX_LOGIT_BIAS} entries (got {})",
+                    self.logit_bias.len()
+                ),
+            });
+        }
+        for &(_, b) in &self.logit_bias {
+            LOGIT_BIAS.check(b as f64)?;
+        }
         Ok(())
     }
 }
@@ -215,6 +237,10 @@ mod tests {
         assert_eq!(req(|r| r.max_tokens = 1 << 20), Ok(()));
         assert_eq!(req(|r| r.params.top_p = 1.0), Ok(()));
         assert_eq!(req(|r| r.params.repetition_penalty = 10.0), Ok(()));
+        assert_eq!(
+            req(|r| r.logit_bias = (0..300).map(|t| (t, -100.0)).collect()),
+            Ok(())
+        );
         for (edit, param) in [
             (
                 Box::new(|r: &mut GenerateRequest| r.params.temperature = 2.5)
@@ -242,6 +268,15 @@ mod tests {
             (Box::new(|r| r.stop = vec!["x".into(); 17]), "stop"),
             (Box::new(|r| r.logprobs = Some(21)), "logprobs"),
             (Box::new(|r| r.priority = 1001), "priority"),
+            (Box::new(|r| r.logit_bias = vec![(1, 100.5)]), "logit_bias"),
+            (
+                Box::new(|r| r.logit_bias = vec![(1, f32::NAN)]),
+                "logit_bias",
+            ),
+            (
+                Box::new(|r| r.logit_bias = (0..301).map(|t| (t, 1.0)).collect()),
+                "logit_bias",
+            ),
         ] {
             let e = req(edit).unwrap_err();
             assert_eq!(e.param, param, "{e}");

@@ -28,6 +28,9 @@ pub struct GenerateRequest {
     /// Most drafted tokens verified per step for this request, overriding the engine's
     /// speculative setting (0: no speculation); `None`: the engine's.
     pub spec_tokens: Option<usize>,
+    /// Added to the logits of these token ids before sampling (greedy included), after the
+    /// penalties and the grammar's mask: OpenAI's `logit_bias`, values in [-100, 100].
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// One token's log-probability and its top alternatives.
@@ -53,6 +56,8 @@ pub enum RequestEvent {
         reason: FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Prompt tokens the prefix cache served at admission (their KV was reused).
+        cached_tokens: usize,
     },
     /// The request was ended by an error (a failed or panicking step); its KV blocks are free.
     Failed { message: String },

@@ -1,7 +1,8 @@
 //! Turning logits into the next token.
 //!
 //! Order, as in transformers' and vLLM's logits processors: repetition penalty (over prompt
-//! and output), presence/frequency penalties (over output, OpenAI semantics), then greedy if
+//! and output), presence/frequency penalties (over output, OpenAI semantics), the logit bias
+//! (OpenAI's `logit_bias`, added as it is), then greedy if
 //! `temperature == 0`, else temperature, top-k, top-p, min-p, and a draw from the remaining
 //! distribution with the request's own seeded generator (PCG32), so a seed reproduces a run.
 
@@ -89,6 +90,8 @@ pub struct Sampler {
     seen: HashMap<u32, ()>,
     /// Output token counts (presence and frequency penalties).
     output_counts: HashMap<u32, u32>,
+    /// Added to these tokens' logits (ids outside the row are skipped).
+    logit_bias: Vec<(u32, f32)>,
 }
 
 impl Sampler {
@@ -106,7 +109,14 @@ impl Sampler {
             rng: Pcg32::new(seed),
             seen,
             output_counts: HashMap::new(),
+            logit_bias: Vec::new(),
         }
+    }
+
+    /// The same sampler with `bias` added to its tokens' logits before every choice.
+    pub fn with_logit_bias(mut self, bias: Vec<(u32, f32)>) -> Self {
+        self.logit_bias = bias;
+        self
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -119,7 +129,7 @@ impl Sampler {
         *self.output_counts.entry(token).or_default() += 1;
     }
 
-    /// Applies penalties to `logits` in place.
+    /// Applies penalties and the logit bias to `logits` in place.
     pub fn apply_penalties(&self, logits: &mut [f32]) {
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
@@ -140,12 +150,20 @@ impl Sampler {
                 }
             }
         }
+        for &(t, b) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
     }
 
-    /// Whether any penalty is set (so `sample` must work on a penalized copy).
+    /// Whether any penalty or bias is set (so `sample` must work on a penalized copy).
     fn penalized(&self) -> bool {
         let p = &self.params;
-        p.repetition_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+        p.repetition_penalty != 1.0
+            || p.presence_penalty != 0.0
+            || p.frequency_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 
     /// Picks the next token from `logits` (penalties apply to a copy). Greedy decoding
@@ -343,6 +361,32 @@ mod tests {
         let mut s = Sampler::new(p, &[]);
         s.accept(1);
         assert_eq!(s.sample(&logits()), 4);
+    }
+
+    /// The bias moves greedy choices and verification alike, and a masked (-inf) logit
+    /// stays out whatever its bias.
+    #[test]
+    fn logit_bias_moves_greedy_sampling_and_verification() {
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]).with_logit_bias(vec![(3, 100.0)]);
+        assert_eq!(s.sample(&logits()), 3);
+        assert_eq!(s.verify(&logits(), 3), (3, true));
+        assert_eq!(s.verify(&logits(), 1), (3, false));
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]).with_logit_bias(vec![(1, -100.0)]);
+        assert_eq!(s.sample(&logits()), 4);
+        // Out-of-row ids are skipped, not a panic.
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]).with_logit_bias(vec![(99, 100.0)]);
+        assert_eq!(s.sample(&logits()), 1);
+        let mut masked = logits();
+        masked[3] = f32::NEG_INFINITY;
+        let mut s = Sampler::new(SamplingParams::greedy(), &[]).with_logit_bias(vec![(3, 100.0)]);
+        assert_eq!(s.sample(&masked), 1);
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: Some(3),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p, &[]).with_logit_bias(vec![(0, 100.0)]);
+        assert!((0..100).all(|_| s.sample(&logits()) == 0));
     }
 
     #[test]

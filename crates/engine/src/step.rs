@@ -253,6 +253,13 @@ impl<'e> StepEngine<'e> {
         let before = self.spec.as_ref().map(|s| s.stats);
         self.propose_drafts();
         let plan = self.sched.schedule();
+        // A request's first chunk starts past the prompt tokens the prefix cache served.
+        for s in &plan.seqs {
+            if let Some(live) = self.live.get_mut(&s.id) {
+                let prompt = live.prompt_tokens;
+                live.cached_tokens.get_or_insert(s.start_pos.min(prompt));
+            }
+        }
         self.prefill_draft(&plan);
         let mut out = StepOutcome {
             tokens: plan.num_tokens(),
@@ -509,6 +516,7 @@ impl<'e> StepEngine<'e> {
                 reason,
                 prompt_tokens: live.prompt_tokens,
                 completion_tokens: live.generated,
+                cached_tokens: live.cached_tokens.unwrap_or(0),
             },
         ));
     }

@@ -195,6 +195,7 @@ impl AdapterRegistry {
                 message: format!("the LoRA adapter {} is not loaded", quote(name)),
                 param: Some("lora_name".into()),
                 kind: "invalid_request_error",
+                code: None,
             });
         };
         // The registry's own reference is gone; what is left is held by running requests.
@@ -230,6 +231,7 @@ impl AdapterRegistry {
                     ),
                     param: Some("model".into()),
                     kind: "invalid_request_error",
+                    code: None,
                 });
             };
             e.requests += 1;

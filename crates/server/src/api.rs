@@ -19,6 +19,8 @@ pub struct ApiError {
     pub message: String,
     pub param: Option<String>,
     pub kind: &'static str,
+    /// OpenAI's machine-readable `code` (e.g. `context_length_exceeded`); `null` if none.
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -28,6 +30,7 @@ impl ApiError {
             message: message.into(),
             param: Some(param.to_string()),
             kind: "invalid_request_error",
+            code: None,
         }
     }
     pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
@@ -36,12 +39,18 @@ impl ApiError {
             message: message.into(),
             param: None,
             kind,
+            code: None,
         }
+    }
+    /// The same error with OpenAI's `code`.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
     }
     /// The JSON error body; the message made safe to print.
     pub fn body(&self) -> Value {
         json!({"error": {"message": crate::text::safe_message(&self.message), "type": self.kind,
-            "param": self.param, "code": Value::Null}})
+            "param": self.param, "code": self.code}})
     }
 }
 
@@ -128,6 +137,8 @@ pub struct CommonParams {
     /// Most drafted tokens verified per step for this request when the server speculates
     /// (0: none; absent: the server's `--spec-tokens`).
     pub spec_tokens: Option<i64>,
+    /// OpenAI's `logit_bias`: token id (a string) -> bias in [-100, 100], at most 300.
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -139,6 +150,9 @@ pub struct CompletionRequest {
     pub echo: bool,
     #[serde(flatten)]
     pub common: CommonParams,
+    /// Every other field, refused unless it is a pure hint ([`check_extra`]).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -182,6 +196,67 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(flatten)]
     pub common: CommonParams,
+    /// Every other field, refused unless it is a pure hint ([`check_extra`]).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// Fields OpenAI's endpoints take that change nothing in the output here: accepted and
+/// not acted on (bookkeeping, caching and routing hints).
+pub const HINTS: &[&str] = &[
+    "user",
+    "metadata",
+    "service_tier",
+    "store",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "prediction",
+    "safety_identifier",
+];
+
+/// Refuses the fields no handler took, naming them, except the pure hints, fields sent as
+/// `null` (which means the default, as everywhere), for chat `modalities: ["text"]` (text
+/// is the only output), and for completions `best_of: 1`.
+pub fn check_extra(extra: &serde_json::Map<String, Value>, chat: bool) -> Result<(), ApiError> {
+    let mut unknown = vec![];
+    for (k, v) in extra {
+        if HINTS.contains(&k.as_str()) || v.is_null() {
+            continue;
+        }
+        match k.as_str() {
+            "modalities" if chat => {
+                let text_only = v
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")));
+                if !text_only {
+                    return Err(ApiError::invalid(
+                        "modalities",
+                        "only text output is supported (modalities must be [\"text\"])",
+                    ));
+                }
+            }
+            "audio" if chat => {
+                return Err(ApiError::invalid("audio", "audio output is not supported"));
+            }
+            "best_of" if !chat && v.as_i64() == Some(1) => {}
+            _ => unknown.push(k.as_str()),
+        }
+    }
+    if let Some(first) = unknown.first() {
+        return Err(ApiError::invalid(
+            first,
+            format!(
+                "unsupported field{} {}",
+                if unknown.len() > 1 { "s" } else { "" },
+                unknown
+                    .iter()
+                    .map(|k| quote(k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    Ok(())
 }
 /// The text of a chat message's content.
 pub fn message_text(m: &Message) -> Result<String, ApiError> {
@@ -237,8 +312,11 @@ pub fn template_message(m: &Message) -> Result<tessera_tokenizer::ChatMessage, A
     Ok(out)
 }
 
-pub fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// The `usage` object; `cached` prompt tokens were served by the prefix cache.
+pub fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Legacy completions logprobs object for a run of tokens.
@@ -283,5 +361,28 @@ mod tests {
         assert_eq!(r.prompt.count(), 2);
         let c: ChatRequest = serde_json::from_value(json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]})).unwrap();
         assert_eq!(message_text(&c.messages[0]).unwrap(), "ab");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name_and_hints_pass() {
+        let c: ChatRequest = serde_json::from_value(json!({"messages": [], "max_tokens": 3,
+            "user": "u", "metadata": {"a": "b"}, "modalities": ["text"], "frobnicate": 1}))
+        .unwrap();
+        assert_eq!(c.common.max_tokens, Some(3));
+        let e = check_extra(&c.extra, true).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("frobnicate"));
+        let c: ChatRequest =
+            serde_json::from_value(json!({"messages": [], "modalities": ["text", "audio"]}))
+                .unwrap();
+        assert_eq!(
+            check_extra(&c.extra, true).unwrap_err().param.as_deref(),
+            Some("modalities")
+        );
+        let r: CompletionRequest =
+            serde_json::from_value(json!({"prompt": "x", "user": "u", "suffix": "y"})).unwrap();
+        assert_eq!(
+            check_extra(&r.extra, false).unwrap_err().param.as_deref(),
+            Some("suffix")
+        );
     }
 }

@@ -67,6 +67,9 @@ pub struct HttpOptions {
     pub metrics_require_key: bool,
     /// Bytes the Responses API's store keeps at most (least recently used evicted past it).
     pub responses_store_bytes: usize,
+    /// Origins browsers may call the API from (`--cors-origins`; `*`: any); empty: no
+    /// CORS headers at all (the default).
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for HttpOptions {
@@ -79,6 +82,7 @@ impl Default for HttpOptions {
             tokenize_concurrency: 2,
             metrics_require_key: false,
             responses_store_bytes: 64 << 20,
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -100,6 +104,7 @@ impl HttpOptions {
         if self.tokenize_concurrency == 0 {
             return Err("--tokenize-concurrency must be at least 1".into());
         }
+        http::cors::layer(&self.cors_origins)?;
         Ok(())
     }
 
@@ -156,7 +161,14 @@ pub fn app(engine: Engine, opts: &ServeOptions) -> anyhow::Result<axum::Router> 
         responses: http::responses::ResponseStore::new(opts.http.responses_store_bytes),
     });
     // The chat page at `/` sits outside the API routes (and their key check).
-    Ok(http::router(state).merge(chat_page::router()))
+    let router = http::router(state).merge(chat_page::router());
+    // Outermost: a preflight is answered before any key check.
+    Ok(
+        match http::cors::layer(&opts.http.cors_origins).map_err(anyhow::Error::msg)? {
+            Some(cors) => router.layer(cors),
+            None => router,
+        },
+    )
 }
 
 /// Serves `router` on `listener` with `http`'s connection timeouts until `shutdown`.

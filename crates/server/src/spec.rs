@@ -113,6 +113,7 @@ pub fn validate(
             None => None,
             Some(k) => Some(params::SPEC_TOKENS.check(k)? as usize),
         },
+        logit_bias: logit_bias(c)?,
     };
     base.validate()?;
     Ok(GenSpec {
@@ -121,6 +122,35 @@ pub fn validate(
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
     })
+}
+
+/// `logit_bias` as the engine takes it: each key a token id (its range against the
+/// vocabulary is checked with the prompt), each value a number; the count and the values'
+/// range are the engine's checks.
+fn logit_bias(c: &CommonParams) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(map) = &c.logit_bias else {
+        return Ok(vec![]);
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        let id: u32 = k.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                "logit_bias",
+                format!(
+                    "logit_bias keys must be token ids (got {})",
+                    crate::text::quote(k)
+                ),
+            )
+        })?;
+        let b = v.as_f64().ok_or_else(|| {
+            ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias values must be numbers (token {id})"),
+            )
+        })?;
+        out.push((id, b as f32));
+    }
+    Ok(out)
 }
 
 /// The request's output constraint: `response_format` (OpenAI) or one of vLLM's

@@ -15,7 +15,7 @@ use tessera_tokenizer::{ChatExtras, ChatMessage};
 use crate::api::{ApiError, FinishReason, TokenLogprob};
 use crate::chat_output::{ChoiceParser, Parsed, Part};
 use crate::engine_loop::Submission;
-use crate::http::completions::{check_prompt, submit_all};
+use crate::http::completions::{check_logit_bias, check_prompt, submit_all};
 use crate::http::lora::resolve_model;
 use crate::http::respond::{collect, merged, Item};
 use crate::http::AppState;
@@ -79,6 +79,7 @@ pub async fn start(state: &Arc<AppState>, turn: ChatTurn) -> Result<StartedTurn,
         }
         call_tools = Some(Arc::new(t.tools.clone()));
     }
+    check_logit_bias(state, &spec)?;
     let extras = ChatExtras {
         tools: tools.as_ref().and_then(ToolSpec::shown),
         kwargs: template_kwargs,
@@ -181,6 +182,8 @@ impl TurnFinish {
 pub struct TurnUsage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens the prefix cache served.
+    pub cached_tokens: usize,
 }
 
 /// A streamed turn's output, per choice, in order.
@@ -235,9 +238,11 @@ impl StartedTurn {
                             reason,
                             prompt_tokens,
                             completion_tokens,
+                            cached_tokens,
                         } => {
                             if choice % n == 0 {
                                 usage.prompt_tokens += prompt_tokens;
+                                usage.cached_tokens += cached_tokens;
                             }
                             usage.completion_tokens += completion_tokens;
                             let parts = p.finish();
@@ -266,6 +271,7 @@ impl StartedTurn {
             let c = collect(state, sub).await?;
             if i % n == 0 {
                 usage.prompt_tokens += c.prompt_tokens;
+                usage.cached_tokens += c.cached_tokens;
             }
             usage.completion_tokens += c.completion_tokens;
             let mut p = (self.parser)();

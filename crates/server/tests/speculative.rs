@@ -116,3 +116,28 @@ async fn spec_tokens_is_checked_and_honoured() {
     assert_eq!(s, 200, "{v}");
     spec.assert_drained().await;
 }
+
+/// `logit_bias` applies in verification too: with tokens banned, the speculating server's
+/// greedy answer is the plain server's, and has none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_applies_in_verification() {
+    let tok = common::engine().tokenizer.clone();
+    let (plain, spec) = (server(false).await, server(true).await);
+    let p = "Repeat exactly: one two three four five six seven eight nine ten. one two three";
+    let (_, unbiased) = plain.post("/v1/chat/completions", chat(p, json!({}))).await;
+    let mut bias = serde_json::Map::new();
+    for w in [" four", " five", "four", "five"] {
+        bias.insert(tok.encode(w).unwrap()[0].to_string(), json!(-100));
+    }
+    let body = chat(p, json!({"logit_bias": bias}));
+    let (s1, a) = plain.post("/v1/chat/completions", body.clone()).await;
+    let (s2, b) = spec.post("/v1/chat/completions", body).await;
+    assert_eq!((s1, s2), (200, 200), "{a} {b}");
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    let text = a["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_ne!(
+        a["choices"][0]["message"],
+        unbiased["choices"][0]["message"]
+    );
+    assert!(!text.contains("five"), "{text}");
+}

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::body::JsonBody;
 use super::completions::{answer, sse};
-use super::respond::{data_events, error_chunk};
+use super::respond::{data_events, error_chunk, usage_chunk};
 use super::{now, AppState};
 use crate::api::{self, ApiError, ChatRequest};
 use crate::chat_output::Part;
@@ -35,6 +35,7 @@ fn to_turn(req: ChatRequest, default_max_tokens: usize) -> Result<ChatTurn, ApiE
         spec::chat_logprobs_asked(&req)?,
         default_max_tokens,
     )?;
+    api::check_extra(&req.extra, true)?;
     if req.messages.is_empty() {
         return Err(ApiError::invalid("messages", "messages must not be empty"));
     }
@@ -77,6 +78,8 @@ async fn chat_inner(state: Arc<AppState>, req: ChatRequest) -> Result<Response, 
         let include_usage = spec.include_usage;
         // Logprobs not yet sent, per choice: a delta's ride on its first chunk.
         let mut pending: Vec<Vec<api::TokenLogprob>> = vec![Vec::new(); started.subs.len()];
+        // Whether a choice has had its role-only first delta.
+        let mut opened = vec![false; started.subs.len()];
         let stream = started.events(state.clone()).flat_map(move |ev| {
             let chunk = |index: usize, delta: Value, finish: Value| {
                 json!({"id": id, "object": "chat.completion.chunk", "created": now(),
@@ -100,8 +103,10 @@ async fn chat_inner(state: Arc<AppState>, req: ChatRequest) -> Result<Response, 
                 TurnEvent::Usage(u) => {
                     let mut out = vec![];
                     if include_usage {
-                        out.push(json!({"object": "usage", "choices": [],
-                            "usage": api::usage(u.prompt_tokens, u.completion_tokens)}));
+                        out.push(usage_chunk(
+                            &json!({"id": id, "object": "chat.completion.chunk", "model": model}),
+                            api::usage(u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+                        ));
                     }
                     return data_events(out)
                         .chain(futures_util::stream::once(async {
@@ -123,6 +128,17 @@ async fn chat_inner(state: Arc<AppState>, req: ChatRequest) -> Result<Response, 
                     first["choices"][0]["logprobs"] =
                         api::chat_logprobs(&std::mem::take(&mut pending[index]));
                 }
+            }
+            // As OpenAI streams it: first a delta with the role alone, once per choice.
+            if !std::mem::replace(&mut opened[index], true) {
+                out.insert(
+                    0,
+                    chunk(
+                        index,
+                        json!({"role": "assistant", "content": ""}),
+                        Value::Null,
+                    ),
+                );
             }
             data_events(out).boxed()
         });
@@ -158,22 +174,24 @@ async fn chat_inner(state: Arc<AppState>, req: ChatRequest) -> Result<Response, 
         .collect();
     Ok(Json(
         json!({"id": id, "object": "chat.completion", "created": now(), "model": model,
-        "choices": choices, "usage": api::usage(usage.prompt_tokens, usage.completion_tokens)}),
+        "choices": choices,
+        "usage": api::usage(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)}),
     )
     .into_response())
 }
 
-/// The `delta` of a streamed chat chunk carrying `part`, as OpenAI streams them: a call's
-/// id, type and name first (arguments empty), then its arguments in fragments.
+/// The `delta` of a streamed chat chunk carrying `part`, as OpenAI streams them (the role
+/// only in each choice's first, role-only delta): a call's id, type and name first
+/// (arguments empty), then its arguments in fragments.
 fn delta_of(part: Part) -> Value {
     match part {
-        Part::Content(t) => json!({"role": "assistant", "content": t}),
-        Part::Reasoning(t) => json!({"role": "assistant", "reasoning_content": t}),
-        Part::CallStart { index, id, name } => json!({"role": "assistant", "tool_calls": [
+        Part::Content(t) => json!({"content": t}),
+        Part::Reasoning(t) => json!({"reasoning_content": t}),
+        Part::CallStart { index, id, name } => json!({"tool_calls": [
             {"index": index, "id": id, "type": "function",
              "function": {"name": name, "arguments": ""}}]}),
         Part::CallArgs { index, args } => {
-            json!({"role": "assistant", "tool_calls": [{"index": index, "function": {"arguments": args}}]})
+            json!({"tool_calls": [{"index": index, "function": {"arguments": args}}]})
         }
     }
 }

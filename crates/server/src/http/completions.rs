@@ -85,7 +85,8 @@ pub(crate) fn check_prompt(state: &AppState, param: &str, ids: &[u32]) -> Result
                 "the prompt has {} tokens; at most {max} are accepted ({why})",
                 ids.len()
             ),
-        ));
+        )
+        .with_code("context_length_exceeded"));
     }
     let vocab = state.tokenizers.tokenizer().vocab_size();
     if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
@@ -93,6 +94,26 @@ pub(crate) fn check_prompt(state: &AppState, param: &str, ids: &[u32]) -> Result
             param,
             format!(
                 "token id {t} is outside the vocabulary (0 to {})",
+                vocab - 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses `logit_bias` entries for token ids outside the vocabulary.
+pub(crate) fn check_logit_bias(state: &AppState, spec: &GenSpec) -> Result<(), ApiError> {
+    let vocab = state.tokenizers.tokenizer().vocab_size();
+    if let Some(&(t, _)) = spec
+        .base
+        .logit_bias
+        .iter()
+        .find(|(t, _)| *t as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "logit_bias: token id {t} is outside the vocabulary (0 to {})",
                 vocab - 1
             ),
         ));
@@ -136,11 +157,13 @@ async fn completions_inner(
     if req.echo {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
+    api::check_extra(&req.extra, false)?;
     let asked = req.logprobs.map(|count| LogprobsAsked {
         count,
         param: "logprobs",
     });
     let spec = spec::validate(&req.common, asked, state.default_max_tokens)?;
+    check_logit_bias(&state, &spec)?;
     if req.prompt.count() == 0 {
         return Err(ApiError::invalid("prompt", "the prompt list is empty"));
     }
@@ -154,11 +177,13 @@ async fn completions_inner(
     let id = format!("cmpl-{}", subs[0].id);
     let answer_model = model.clone();
     if spec.stream {
+        let head = json!({"id": id, "object": "text_completion", "model": model});
         let stream = sse_stream(
             state.clone(),
             subs,
             spec.n,
             spec.include_usage,
+            head,
             move |index, ev| match ev {
                 StreamItem::Delta { text, logprobs } => vec![
                     json!({"id": id, "object": "text_completion", "created": now(), "model": model,
@@ -174,11 +199,12 @@ async fn completions_inner(
         return Ok(sse(stream));
     }
     let mut choices = vec![];
-    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    let (mut prompt_tokens, mut completion_tokens, mut cached_tokens) = (0, 0, 0);
     for (i, sub) in subs.into_iter().enumerate() {
         let c = collect(&state, sub).await?;
         if i % spec.n == 0 {
             prompt_tokens += c.prompt_tokens;
+            cached_tokens += c.cached_tokens;
         }
         completion_tokens += c.completion_tokens;
         choices.push(json!({"index": i, "text": c.text,
@@ -187,7 +213,7 @@ async fn completions_inner(
     }
     Ok(Json(
         json!({"id": id, "object": "text_completion", "created": now(), "model": answer_model,
-        "choices": choices, "usage": api::usage(prompt_tokens, completion_tokens)}),
+        "choices": choices, "usage": api::usage(prompt_tokens, completion_tokens, cached_tokens)}),
     )
     .into_response())
 }

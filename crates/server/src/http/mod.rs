@@ -9,6 +9,7 @@ pub mod auth;
 pub mod body;
 pub mod chat;
 pub mod completions;
+pub mod cors;
 pub mod lora;
 pub mod messages;
 pub mod respond;

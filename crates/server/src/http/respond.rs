@@ -24,6 +24,8 @@ pub struct Choice {
     pub finish: Option<api::FinishReason>,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens the prefix cache served.
+    pub cached_tokens: usize,
 }
 
 /// The error for a request whose channel closed before it finished: the engine stopped.
@@ -52,10 +54,12 @@ pub async fn collect(state: &AppState, mut sub: Submission) -> Result<Choice, Ap
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
             } => {
                 c.finish = Some(reason);
                 c.prompt_tokens = prompt_tokens;
                 c.completion_tokens = completion_tokens;
+                c.cached_tokens = cached_tokens;
                 sub.finished();
                 return Ok(c);
             }
@@ -79,6 +83,7 @@ pub enum Item {
         reason: api::FinishReason,
         prompt_tokens: usize,
         completion_tokens: usize,
+        cached_tokens: usize,
     },
     /// The choice failed, or its channel closed before it finished (the engine stopped).
     Failed(String),
@@ -117,10 +122,12 @@ pub fn merged(
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
             }) => Item::Finished {
                 reason,
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
             },
             Some(Event::Failed { message }) => Item::Failed(message),
             None => Item::Failed(engine_gone(&state).message),
@@ -142,17 +149,20 @@ pub enum StreamItem {
 /// more) of each event, keeping what state it needs per choice.
 /// Choice `i` belongs to prompt `i / n`. A choice whose channel closes before it finished
 /// (the engine stopped) gets an error event; usage counts every prompt's tokens once.
+/// The usage chunk is `head` (the chunks' `id`, `object` and `model`) with `created`, no
+/// choices and the usage, shaped like every other chunk.
 /// Dropping the stream (client gone) drops the submissions, which abort their requests.
 pub fn sse_stream(
     state: Arc<AppState>,
     subs: Vec<Submission>,
     n: usize,
     include_usage: bool,
+    head: Value,
     mut render: impl FnMut(usize, StreamItem) -> Vec<Value> + Send + 'static,
     with_logprobs: bool,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> + Send {
-    // (prompt tokens, completion tokens) over all choices.
-    let mut usage = (0usize, 0usize);
+    // (prompt tokens, completion tokens, cached prompt tokens) over all choices.
+    let mut usage = (0usize, 0usize, 0usize);
     let n = n.max(1);
     merged(state, subs, with_logprobs).flat_map(move |ev| {
         let items = match ev {
@@ -169,10 +179,12 @@ pub fn sse_stream(
                     reason,
                     prompt_tokens,
                     completion_tokens,
+                    cached_tokens,
                 },
             )) => {
                 if i % n == 0 {
                     usage.0 += prompt_tokens;
+                    usage.2 += cached_tokens;
                 }
                 usage.1 += completion_tokens;
                 render(i, StreamItem::Finish(reason))
@@ -181,7 +193,7 @@ pub fn sse_stream(
             None => {
                 let mut v = vec![];
                 if include_usage {
-                    v.push(json!({"object": "usage", "choices": [], "usage": api::usage(usage.0, usage.1)}));
+                    v.push(usage_chunk(&head, api::usage(usage.0, usage.1, usage.2)));
                 }
                 let mut events: Vec<_> = v
                     .into_iter()
@@ -208,6 +220,16 @@ pub fn data_events(values: Vec<Value>) -> impl Stream<Item = Result<SseEvent, In
             .map(|v| Ok(SseEvent::default().data(v.to_string())))
             .collect::<Vec<_>>(),
     )
+}
+
+/// A stream's usage chunk: `head` (`id`, `object`, `model`) with `created`, empty
+/// `choices` and `usage`.
+pub fn usage_chunk(head: &Value, usage: Value) -> Value {
+    let mut v = head.clone();
+    v["created"] = json!(super::now());
+    v["choices"] = json!([]);
+    v["usage"] = usage;
+    v
 }
 
 /// An error event inside a stream.

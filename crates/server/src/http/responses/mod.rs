@@ -134,6 +134,7 @@ fn unknown(id: &str) -> ApiError {
         ),
         param: Some("response_id".into()),
         kind: "invalid_request_error",
+        code: None,
     }
 }
 

@@ -296,6 +296,7 @@ pub fn read(
             message: format!("previous response {} not found", quote(id)),
             param: Some("previous_response_id".into()),
             kind: "invalid_request_error",
+            code: None,
         })?;
         for (i, item) in prev.items.iter().enumerate() {
             conv.push(item, &format!("previous_response_id (item {i})"))?;

@@ -355,6 +355,7 @@ mod tests {
             TurnEvent::Usage(TurnUsage {
                 prompt_tokens: 3,
                 completion_tokens: 5,
+                cached_tokens: 0,
             }),
         ] {
             out.extend(b.event(ev));

@@ -17,12 +17,9 @@ use tessera_core::DType;
 use tessera_engine::generate::generate;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::sampling::argmax;
-use tessera_engine::{
-    store, Engine, GenerateRequest, RequestEvent, SamplingParams, StepEngine, KV_BLOCK_SIZE,
-};
+use tessera_engine::{store, Engine, GenerateRequest, SamplingParams, KV_BLOCK_SIZE};
 use tessera_kernels::plan::Precision;
 use tessera_lora::{Factors, Target};
-use tessera_scheduler::SchedulerConfig;
 
 mod common;
 
@@ -136,31 +133,6 @@ fn gguf_lora_files_give_the_peft_folders_logits() {
     assert!(checked >= 1, "no GGUF LoRA golden");
 }
 
-/// Greedy tokens of each request, run all at once through one step engine.
-fn run_together(e: &Engine, reqs: &[GenerateRequest]) -> Vec<Vec<u32>> {
-    let mut cfg = SchedulerConfig::new(256, KV_BLOCK_SIZE);
-    cfg.max_num_batched_tokens = 64;
-    cfg.max_prefill_chunk = 16;
-    cfg.max_model_len = 1024;
-    let mut steps = StepEngine::new(e, cfg).unwrap();
-    for (i, r) in reqs.iter().enumerate() {
-        steps.submit(i as u64, r).unwrap();
-    }
-    let mut out = vec![vec![]; reqs.len()];
-    let mut done = 0;
-    while done < reqs.len() {
-        for (id, ev) in steps.step().events {
-            match ev {
-                RequestEvent::Text { tokens, .. } => out[id as usize].extend(tokens),
-                RequestEvent::Finished { .. } => done += 1,
-                RequestEvent::Failed { message } => panic!("request {id}: {message}"),
-            }
-        }
-    }
-    assert_eq!(steps.kv_metrics().blocks_used, 0);
-    out
-}
-
 #[test]
 fn a_mixed_batch_gives_every_request_its_tokens_alone() {
     let g = goldens();
@@ -190,9 +162,9 @@ fn a_mixed_batch_gives_every_request_its_tokens_alone() {
                 ..Default::default()
             })
             .collect();
-        let together = run_together(&e, &reqs);
+        let together = common::run_together(&e, &reqs);
         for (i, r) in reqs.iter().enumerate() {
-            let alone = run_together(&e, std::slice::from_ref(r));
+            let alone = common::run_together(&e, std::slice::from_ref(r));
             assert_eq!(
                 together[i], alone[0],
                 "{precision}: request {i} changed in a mixed batch"

@@ -16,12 +16,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::sampling::argmax;
-use tessera_engine::{
-    store, Engine, GenerateRequest, RequestEvent, SamplingParams, StepEngine, KV_BLOCK_SIZE,
-};
+use tessera_engine::{store, Engine, GenerateRequest, SamplingParams};
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::Planner;
-use tessera_scheduler::SchedulerConfig;
 
 mod common;
 
@@ -132,31 +129,6 @@ fn sub_batches_with_mixed_adapters_change_nothing() {
     }
 }
 
-/// Greedy tokens of each request, run all at once through one step engine.
-fn run_together(e: &Engine, reqs: &[GenerateRequest]) -> Vec<Vec<u32>> {
-    let mut cfg = SchedulerConfig::new(256, KV_BLOCK_SIZE);
-    cfg.max_num_batched_tokens = 64;
-    cfg.max_prefill_chunk = 16;
-    cfg.max_model_len = 1024;
-    let mut steps = StepEngine::new(e, cfg).unwrap();
-    for (i, r) in reqs.iter().enumerate() {
-        steps.submit(i as u64, r).unwrap();
-    }
-    let mut out = vec![vec![]; reqs.len()];
-    let mut done = 0;
-    while done < reqs.len() {
-        for (id, ev) in steps.step().events {
-            match ev {
-                RequestEvent::Text { tokens, .. } => out[id as usize].extend(tokens),
-                RequestEvent::Finished { .. } => done += 1,
-                RequestEvent::Failed { message } => panic!("request {id}: {message}"),
-            }
-        }
-    }
-    assert_eq!(steps.kv_metrics().blocks_used, 0);
-    out
-}
-
 #[test]
 fn a_mixed_batch_under_tensor_parallelism_gives_every_request_its_tokens_alone() {
     let g = goldens();
@@ -175,9 +147,9 @@ fn a_mixed_batch_under_tensor_parallelism_gives_every_request_its_tokens_alone()
             ..Default::default()
         })
         .collect();
-    let together = run_together(&e, &reqs);
+    let together = common::run_together(&e, &reqs);
     for (i, r) in reqs.iter().enumerate() {
-        let alone = run_together(&e, std::slice::from_ref(r));
+        let alone = common::run_together(&e, std::slice::from_ref(r));
         assert_eq!(
             together[i], alone[0],
             "request {i} changed in a mixed batch"

@@ -168,3 +168,29 @@ pub fn requests_one_after_another(
     }
     (out, steps.kv_metrics().prefix_hit_tokens)
 }
+
+/// Greedy tokens of each request, run all at once through one step engine (prefills in
+/// chunks of 16, steps of at most 64 tokens); every KV block is back at the end.
+pub fn run_together(e: &Engine, reqs: &[GenerateRequest]) -> Vec<Vec<u32>> {
+    let mut cfg = SchedulerConfig::new(256, KV_BLOCK_SIZE);
+    cfg.max_num_batched_tokens = 64;
+    cfg.max_prefill_chunk = 16;
+    cfg.max_model_len = 1024;
+    let mut steps = StepEngine::new(e, cfg).unwrap();
+    for (i, r) in reqs.iter().enumerate() {
+        steps.submit(i as u64, r).unwrap();
+    }
+    let mut out = vec![vec![]; reqs.len()];
+    let mut done = 0;
+    while done < reqs.len() {
+        for (id, ev) in steps.step().events {
+            match ev {
+                RequestEvent::Text { tokens, .. } => out[id as usize].extend(tokens),
+                RequestEvent::Finished { .. } => done += 1,
+                RequestEvent::Failed { message } => panic!("request {id}: {message}"),
+            }
+        }
+    }
+    assert_eq!(steps.kv_metrics().blocks_used, 0);
+    out
+}

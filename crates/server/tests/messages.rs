@@ -138,6 +138,22 @@ async fn whole_streamed_and_counted() {
         !cut.contains(&word) && text.starts_with(cut),
         "{cut:?} vs {text:?}"
     );
+
+    // The ignore_eos extension decodes to max_tokens past the end of turn.
+    let one_word = |ignore: bool| {
+        json!({"model": "smol", "max_tokens": 40, "temperature": 0, "ignore_eos": ignore,
+            "system": "Answer with one word.",
+            "messages": [{"role": "user", "content": "Say yes."}]})
+    };
+    let (_, v) = s.post("/v1/messages", one_word(false)).await;
+    assert_eq!(v["stop_reason"], "end_turn", "{v}");
+    let (st, v) = s.post("/v1/messages", one_word(true)).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (&v["stop_reason"], &v["usage"]["output_tokens"]),
+        (&json!("max_tokens"), &json!(40)),
+        "{v}"
+    );
     s.assert_drained().await;
 }
 

@@ -117,6 +117,28 @@ async fn string_and_item_input_with_instructions() {
         .await;
     assert_eq!(r["status"], "incomplete", "{r}");
     assert_eq!(r["incomplete_details"]["reason"], "max_output_tokens");
+    // The ignore_eos extension decodes to max_output_tokens past the end of turn: a short
+    // answer stops early without it, runs to the limit with it.
+    let ask = |ignore: bool| {
+        json!({"input": "Say yes.", "instructions": "Answer with one word.",
+            "max_output_tokens": 40, "temperature": 0, "store": false, "ignore_eos": ignore})
+    };
+    let (_, short) = s.post("/v1/responses", ask(false)).await;
+    assert!(
+        short["usage"]["output_tokens"].as_u64().unwrap() < 40,
+        "{short}"
+    );
+    let (status, long) = s.post("/v1/responses", ask(true)).await;
+    assert_eq!(status, 200, "{long}");
+    assert_eq!(long["usage"]["output_tokens"], 40, "{long}");
+    let (status, e) = s
+        .post("/v1/responses", json!({"input": "x", "ignore_eos": "yes"}))
+        .await;
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (400, Some("ignore_eos")),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

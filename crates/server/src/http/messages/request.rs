@@ -32,6 +32,7 @@ const MESSAGE_FIELDS: &[&str] = &[
     "metadata",
     "service_tier",
     "cache_control",
+    "ignore_eos",
 ];
 
 /// The fields `POST /v1/messages/count_tokens` takes.
@@ -114,6 +115,7 @@ pub fn read(body: Value, count: bool, default_max_tokens: usize) -> Result<Asked
         "top_k": field::<i64>(&mut body, "top_k")?,
         "stop": stop,
         "stream": stream,
+        "ignore_eos": field::<bool>(&mut body, "ignore_eos")?,
     }))
     .map_err(|e| ApiError::invalid("body", e.to_string()))?;
     let spec: GenSpec = spec::validate(&common, None, default_max_tokens).map_err(|mut e| {

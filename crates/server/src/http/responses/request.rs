@@ -107,6 +107,7 @@ pub fn read(
         "max_tool_calls",
         "top_logprobs",
         "chat_template_kwargs",
+        "ignore_eos",
     ];
     if let Some(k) = body
         .keys()
@@ -250,6 +251,9 @@ pub fn read(
     }
 
     // Sampling through the shared validation.
+    if body.get("ignore_eos").is_some_and(|v| !v.is_boolean()) {
+        return Err(bad("ignore_eos", "ignore_eos must be a boolean"));
+    }
     for k in ["max_output_tokens", "temperature", "top_p"] {
         match body.get(k) {
             Some(v) if k == "max_output_tokens" && !(v.is_i64() || v.is_u64()) => {
@@ -266,6 +270,7 @@ pub fn read(
         "top_p": body.get("top_p"),
         "stream": stream,
         "response_format": response_format,
+        "ignore_eos": body.get("ignore_eos"),
     }))
     .map_err(|e| {
         let field = ["max_output_tokens", "temperature", "top_p"]

@@ -16,8 +16,8 @@ use crate::make_adapters::{parse_targets, run_make_adapters, FactorDtype, MakeAd
 use crate::model::{run_model, ModelConfig};
 use crate::serve::adapters::parse_adapters;
 use crate::serve::{
-    parse_range, run_long_prefill, run_serve, Endpoint, Load, LongPrefillConfig, OutputLen,
-    Scenario, ServeConfig,
+    parse_range, run_conversation, run_dialects, run_long_prefill, run_serve, ConversationConfig,
+    Endpoint, Load, LongPrefillConfig, OutputLen, Scenario, ServeConfig,
 };
 use crate::stats::Repeat;
 
@@ -195,8 +195,21 @@ pub enum BenchCommand {
         /// Bearer key for the server.
         #[arg(long)]
         api_key: Option<String>,
-        #[arg(long, value_enum, default_value = "completions")]
-        endpoint: Endpoint,
+        /// The API (dialect) requests use. Several, comma-separated (e.g.
+        /// chat,responses,messages): each is measured in turn under the same load for
+        /// --rounds rounds, and the report compares their throughput, TPOT and TTFT.
+        #[arg(
+            long = "api",
+            visible_alias = "endpoint",
+            value_enum,
+            value_delimiter = ',',
+            default_value = "completions"
+        )]
+        endpoint: Vec<Endpoint>,
+        /// With several --api values: rounds of measurements (each round measures every
+        /// API once; the report gives medians over rounds).
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
         /// Clients sending requests back-to-back (default 1). With --rate: the most
         /// requests in flight.
         #[arg(long)]
@@ -258,8 +271,10 @@ pub enum BenchCommand {
         seed: u64,
         /// `load`: the clients or arrivals above. `long-prefill`: a short request's TTFT
         /// while long prompts prefill against the idle server's (the --long-*, --short-*
-        /// and --idle-samples flags; --url, --model, --api-key, --endpoint, --temperature,
-        /// --timeout, --json and --seed apply too).
+        /// and --idle-samples flags; --url, --model, --api-key, --api, --temperature,
+        /// --timeout, --json and --seed apply too). `conversation`: a follow-up's TTFT on
+        /// /v1/responses continued by previous_response_id against the whole history
+        /// resent cold (--history-tokens, --samples, --output-tokens, --short-*).
         #[arg(long, value_enum, default_value = "load")]
         scenario: Scenario,
         /// long-prefill: long prompts sent at once.
@@ -274,6 +289,14 @@ pub enum BenchCommand {
         /// long-prefill: output tokens of every request (the long prompts' too).
         #[arg(long, default_value_t = 4)]
         short_output_tokens: usize,
+        /// conversation: approximate tokens of the first turn's history (its answer has
+        /// --output-tokens tokens; the follow-up question --short-prompt-tokens words and
+        /// --short-output-tokens output tokens).
+        #[arg(long, default_value_t = 2000)]
+        history_tokens: usize,
+        /// conversation: conversations measured (after one untimed).
+        #[arg(long, default_value_t = 5)]
+        samples: usize,
         /// long-prefill: short requests on the idle server.
         #[arg(long, default_value_t = 8)]
         idle_samples: usize,
@@ -520,9 +543,39 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             short_output_tokens,
             idle_samples,
             short_gap_ms,
+            history_tokens,
+            samples,
+            rounds,
         } => {
+            let apis = endpoint;
+            let endpoint = *apis
+                .first()
+                .ok_or_else(|| anyhow::anyhow!("--api needs a value"))?;
+            if apis.len() > 1 && scenario != Scenario::Load {
+                anyhow::bail!("several --api values compare dialects under --scenario load only");
+            }
             if !(timeout.is_finite() && timeout > 0.0) {
                 anyhow::bail!("--timeout must be a positive number of seconds");
+            }
+            if scenario == Scenario::Conversation {
+                if endpoint != Endpoint::Responses {
+                    anyhow::bail!("--scenario conversation runs on --api responses");
+                }
+                return run_conversation(&ConversationConfig {
+                    url,
+                    model,
+                    api_key,
+                    temperature,
+                    timeout: Duration::from_secs_f64(timeout),
+                    seed,
+                    json,
+                    history_tokens,
+                    answer_tokens: output_tokens,
+                    followup_tokens: short_prompt_tokens,
+                    output_tokens: short_output_tokens,
+                    samples,
+                    target_ratio: 0.3,
+                });
             }
             if scenario == Scenario::LongPrefill {
                 return run_long_prefill(&LongPrefillConfig {
@@ -574,7 +627,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 Some(r) => parse_range(&r)?,
                 None => OutputLen::Fixed(output_tokens),
             };
-            run_serve(&ServeConfig {
+            let cfg = ServeConfig {
                 url,
                 model,
                 api_key,
@@ -598,7 +651,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 seed,
                 adapters,
                 response_format,
-            })
+            };
+            if apis.len() > 1 {
+                run_dialects(&cfg, &apis, rounds)
+            } else {
+                run_serve(&cfg)
+            }
         }
         BenchCommand::MakeAdapters {
             out,

@@ -79,7 +79,7 @@ fn serve_defaults_and_modes() {
             response_format,
             ..
         } => {
-            assert_eq!(endpoint, Endpoint::Completions);
+            assert_eq!(endpoint, [Endpoint::Completions]);
             assert_eq!(response_format, None);
             assert_eq!((concurrency, rate, requests), (None, None, None));
             assert_eq!((prompt_tokens, output_tokens), (100, 64));
@@ -116,11 +116,35 @@ fn serve_defaults_and_modes() {
                 response_format,
                 Some(PathBuf::from("docs/bench/schemas/person.json"))
             );
-            assert_eq!(endpoint, Endpoint::Chat);
+            assert_eq!(endpoint, [Endpoint::Chat]);
             assert_eq!(plot, Some(PathBuf::from("bench-serve.svg")));
         }
         _ => panic!("not serve"),
     }
+    // --api takes a list (--endpoint is its older name), and --rounds.
+    let c = Cli::parse_from([
+        "x",
+        "serve",
+        "--url",
+        "u",
+        "--api",
+        "chat,responses,messages",
+        "--rounds",
+        "3",
+    ]);
+    match c.cmd {
+        BenchCommand::Serve {
+            endpoint, rounds, ..
+        } => {
+            assert_eq!(
+                endpoint,
+                [Endpoint::Chat, Endpoint::Responses, Endpoint::Messages]
+            );
+            assert_eq!(rounds, 3);
+        }
+        _ => panic!("not serve"),
+    }
+    assert!(Cli::try_parse_from(["x", "serve", "--url", "u", "--api", "grpc"]).is_err());
     assert!(
         Cli::try_parse_from(["x", "serve", "--url", "u", "--sweep", "1", "--rate", "2"]).is_err()
     );

@@ -1,8 +1,12 @@
 //! `tessera bench serve`: a load generator for any OpenAI-compatible server (Tessera,
 //! llama.cpp's llama-server, vLLM, ...).
 //!
-//! Every request streams (`stream: true`, `stream_options.include_usage: true`) and asks
-//! for exactly its output length (`max_tokens` with `ignore_eos: true`), unless it sends a
+//! `--api` picks the dialect: Completions, Chat Completions, Responses or Messages, each
+//! request shaped and its stream read as that API does it, so that one server's dialects
+//! can be compared under the same load. Every request streams (`stream: true`, with
+//! `stream_options.include_usage: true` where the dialect has it) and asks for exactly its
+//! output length (`max_tokens` or `max_output_tokens` with the `ignore_eos: true`
+//! extension), unless it sends a
 //! `response_format` (`--response-format`): then it sends no `ignore_eos`, its output ends
 //! when the grammar is complete (or at `max_tokens`), and the output is checked against the
 //! format. TPOT stays comparable with a run without the constraint, being a per-token
@@ -30,9 +34,14 @@
 //! - [`response_format`]: `--response-format`, the constraint sent and each output's check;
 //! - [`runner`]: the HTTP client, the load of one measurement and [`run_serve`];
 //! - [`long_prefill`]: `--scenario long-prefill`, a short request's TTFT while long prompts
-//!   prefill against the idle server's.
+//!   prefill against the idle server's;
+//! - [`dialects`]: `--api A,B,...`, one server's APIs under the same load, compared;
+//! - [`conversation`]: `--scenario conversation`, a turn continued by `previous_response_id`
+//!   against the whole history resent without a prefix-cache hit.
 
 pub mod adapters;
+pub mod conversation;
+pub mod dialects;
 pub mod long_prefill;
 pub mod requests;
 pub mod response_format;
@@ -46,6 +55,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 
+pub use conversation::{run_conversation, ConversationConfig};
+pub use dialects::run_dialects;
 pub use long_prefill::{run_long_prefill, LongPrefillConfig};
 pub use requests::*;
 pub use response_format::{ResponseFormat, Validity, Verdict};
@@ -58,18 +69,26 @@ pub use stats::*;
 pub enum Scenario {
     /// Clients or arrivals as `--concurrency`, `--rate` or `--sweep` say.
     Load,
+    /// A continued conversation through `/v1/responses`' `previous_response_id` against the
+    /// same history resent cold (see [`conversation`]).
+    Conversation,
     /// A short request's TTFT while long prompts prefill, against the idle server's (see
     /// [`long_prefill`]).
     LongPrefill,
 }
 
-/// Which OpenAI endpoint to load.
+/// Which API (dialect) to load: each sends the same prompt as its own request shape and
+/// reads its own event stream, so that one server's dialects can be compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Endpoint {
     /// `/v1/completions` with a text prompt.
     Completions,
     /// `/v1/chat/completions` with one user message.
     Chat,
+    /// OpenAI's `/v1/responses` with the prompt as `input` (`store: false`).
+    Responses,
+    /// Anthropic's `/v1/messages` with one user message.
+    Messages,
 }
 
 impl Endpoint {
@@ -77,12 +96,16 @@ impl Endpoint {
         match self {
             Endpoint::Completions => "/v1/completions",
             Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Messages => "/v1/messages",
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             Endpoint::Completions => "completions",
             Endpoint::Chat => "chat",
+            Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
         }
     }
 }

@@ -161,7 +161,8 @@ impl Iterator for RequestGen {
     }
 }
 
-/// The JSON body of a streaming request.
+/// The JSON body of a streaming request in `endpoint`'s dialect, asking for exactly
+/// `max_tokens` output tokens (`ignore_eos`).
 pub fn request_body(
     endpoint: Endpoint,
     model: Option<&str>,
@@ -170,18 +171,33 @@ pub fn request_body(
     temperature: f64,
 ) -> Value {
     let mut body = json!({
-        "max_tokens": max_tokens,
         "temperature": temperature,
         "stream": true,
-        "stream_options": {"include_usage": true},
         "ignore_eos": true,
     });
+    let user = json!([{"role": "user", "content": prompt}]);
     match endpoint {
         Endpoint::Completions => body["prompt"] = json!(prompt),
-        Endpoint::Chat => body["messages"] = json!([{"role": "user", "content": prompt}]),
+        Endpoint::Chat => body["messages"] = user,
+        Endpoint::Responses => {
+            body["input"] = json!(prompt);
+            body["store"] = json!(false);
+        }
+        Endpoint::Messages => body["messages"] = user,
     }
-    if let Some(m) = model {
-        body["model"] = json!(m);
+    match endpoint {
+        Endpoint::Completions | Endpoint::Chat => {
+            body["max_tokens"] = json!(max_tokens);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        Endpoint::Responses => body["max_output_tokens"] = json!(max_tokens),
+        Endpoint::Messages => body["max_tokens"] = json!(max_tokens),
+    }
+    match model {
+        Some(m) => body["model"] = json!(m),
+        // Anthropic's API requires a model; a server with one model takes any name.
+        None if endpoint == Endpoint::Messages => body["model"] = json!("default"),
+        None => {}
     }
     body
 }

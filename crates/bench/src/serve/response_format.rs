@@ -105,6 +105,18 @@ impl ResponseFormat {
     pub fn apply(&self, body: &mut Value, endpoint: Endpoint) {
         if let Some(o) = body.as_object_mut() {
             o.remove("ignore_eos");
+            if endpoint == Endpoint::Responses {
+                // Responses' `text.format` is Chat's `json_schema` object flattened.
+                let mut format = self.value.get("json_schema").cloned().unwrap_or_default();
+                match format.as_object_mut() {
+                    Some(f) => {
+                        f.insert("type".into(), Value::from("json_schema"));
+                    }
+                    None => format = self.value.clone(),
+                }
+                o.insert("text".into(), serde_json::json!({ "format": format }));
+                return;
+            }
             o.insert("response_format".into(), self.value.clone());
             if endpoint == Endpoint::Completions {
                 o.insert("json_schema".into(), self.schema.clone());
@@ -266,6 +278,19 @@ mod tests {
         let mut cmpl = json!({"prompt": "x"});
         obj.apply(&mut cmpl, Endpoint::Completions);
         assert_eq!(cmpl["json_schema"], json!({"type": "object"}));
+        // Responses: text.format, flattened.
+        let mut resp = json!({"input": "x", "ignore_eos": true});
+        rf.apply(&mut resp, Endpoint::Responses);
+        assert!(resp.get("ignore_eos").is_none() && resp.get("response_format").is_none());
+        let f = &resp["text"]["format"];
+        assert_eq!(
+            (&f["type"], &f["name"]),
+            (&json!("json_schema"), &json!("p"))
+        );
+        assert_eq!(f["schema"]["required"], json!(["name", "age"]));
+        let mut resp = json!({"input": "x"});
+        obj.apply(&mut resp, Endpoint::Responses);
+        assert_eq!(resp["text"]["format"], json!({"type": "json_object"}));
     }
 
     #[test]

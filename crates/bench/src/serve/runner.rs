@@ -59,8 +59,8 @@ pub(super) struct Client {
 
 impl Client {
     /// Sends `rf` with every request and checks each output against it.
-    pub(super) fn with_response_format(mut self, rf: Option<ResponseFormat>) -> Self {
-        self.response_format = rf.map(Arc::new);
+    pub(super) fn with_response_format(mut self, rf: Option<Arc<ResponseFormat>>) -> Self {
+        self.response_format = rf;
         self
     }
 
@@ -97,9 +97,39 @@ impl Client {
         if let Some(rf) = &self.response_format {
             rf.apply(&mut body, self.endpoint);
         }
-        let mut rb = self.http.post(&self.url).json(&body);
+        let (acc, end) = self.stream_body(&body, sent).await?;
+        let Some(ttft) = acc.first_token else {
+            return Err("no content in the response stream".into());
+        };
+        let output_tokens = acc.output_tokens();
+        let verdict = self.response_format.as_ref().map(|rf| {
+            let cut = was_cut(acc.finish_reason.as_deref(), output_tokens, spec.max_tokens);
+            rf.check(&acc.text, cut)
+        });
+        Ok(Timing {
+            ttft,
+            tpot: acc.tpot(),
+            e2e: end,
+            output_tokens,
+            prompt_tokens: acc.usage_prompt.unwrap_or(spec.prompt_tokens_est),
+            prompt_tokens_exact: acc.usage_prompt.is_some(),
+            verdict,
+        })
+    }
+
+    /// Posts `body` to the endpoint and reads its stream to the dialect's last event:
+    /// the accumulated stream and the seconds from `sent` to its end.
+    pub(super) async fn stream_body(
+        &self,
+        body: &Value,
+        sent: Instant,
+    ) -> std::result::Result<(StreamAcc, f64), String> {
+        let mut rb = self.http.post(&self.url).json(body);
         if let Some(k) = &self.api_key {
             rb = rb.bearer_auth(k);
+            if self.endpoint == Endpoint::Messages {
+                rb = rb.header("x-api-key", k);
+            }
         }
         let resp = rb
             .send()
@@ -125,25 +155,9 @@ impl Client {
             return Err(format!("stream error: {e}"));
         }
         if !acc.done {
-            return Err("the stream ended without data: [DONE]".into());
+            return Err("the stream ended before its last event".into());
         }
-        let Some(ttft) = acc.first_token else {
-            return Err("no content in the response stream".into());
-        };
-        let output_tokens = acc.output_tokens();
-        let verdict = self.response_format.as_ref().map(|rf| {
-            let cut = was_cut(acc.finish_reason.as_deref(), output_tokens, spec.max_tokens);
-            rf.check(&acc.text, cut)
-        });
-        Ok(Timing {
-            ttft,
-            tpot: acc.tpot(),
-            e2e: end,
-            output_tokens,
-            prompt_tokens: acc.usage_prompt.unwrap_or(spec.prompt_tokens_est),
-            prompt_tokens_exact: acc.usage_prompt.is_some(),
-            verdict,
-        })
+        Ok((acc, end))
     }
 }
 
@@ -283,6 +297,14 @@ async fn measure(shared: Arc<Shared>, load: Load, seed: u64) -> (Vec<Outcome>, f
 
 /// Runs the benchmark as configured.
 pub fn run_serve(cfg: &ServeConfig) -> Result<()> {
+    let (file, response_format) = prepare(cfg)?;
+    runtime()?.block_on(run_async(cfg, file, response_format))
+}
+
+/// Checks `cfg` and reads its prompt file and response format.
+pub(super) fn prepare(
+    cfg: &ServeConfig,
+) -> Result<(Option<Arc<Vec<String>>>, Option<ResponseFormat>)> {
     if cfg.loads.is_empty() {
         bail!("nothing to run");
     }
@@ -294,6 +316,9 @@ pub fn run_serve(cfg: &ServeConfig) -> Result<()> {
     }
     if cfg.output == OutputLen::Fixed(0) {
         bail!("--output-tokens must be positive");
+    }
+    if cfg.response_format.is_some() && cfg.endpoint == Endpoint::Messages {
+        bail!("--response-format is not available with --api messages (Anthropic's Messages API has no response format)");
     }
     let file = match &cfg.prompt_file {
         Some(p) => {
@@ -317,7 +342,7 @@ pub fn run_serve(cfg: &ServeConfig) -> Result<()> {
         .as_deref()
         .map(ResponseFormat::load)
         .transpose()?;
-    runtime()?.block_on(run_async(cfg, file, response_format))
+    Ok((file, response_format))
 }
 
 /// The client's runtime: up to 4 worker threads.
@@ -382,6 +407,53 @@ pub(super) async fn connect(
     Ok((client, model))
 }
 
+/// One measurement: `load` offered with `cfg`'s requests, drawn from `seed`; gives the
+/// client back with the outcomes and the measurement's length in seconds.
+pub(super) async fn measure_once(
+    client: Client,
+    cfg: &ServeConfig,
+    load: Load,
+    seed: u64,
+    file: Option<Arc<Vec<String>>>,
+    label: &str,
+) -> Result<(Client, Vec<Outcome>, f64)> {
+    let shared = Arc::new(Shared {
+        client,
+        gen: Mutex::new(RequestGen::new(
+            seed,
+            cfg.prompt_tokens,
+            file,
+            cfg.output,
+            cfg.requests,
+        )),
+        deadline: cfg.duration.map(|d| Instant::now() + d),
+        outcomes: Mutex::new(vec![]),
+        pb: progress_bar(cfg.requests, label),
+    });
+    let (outcomes, secs) = measure(shared.clone(), load, seed).await;
+    let client = Arc::try_unwrap(shared)
+        .ok()
+        .map(|s| s.client)
+        .ok_or_else(|| anyhow!("internal: the client is still shared after a measurement"))?;
+    Ok((client, outcomes, secs))
+}
+
+/// Untimed sequential requests (seeded apart from the measured ones).
+pub(super) async fn warm_up(
+    c: &Client,
+    cfg: &ServeConfig,
+    seed: u64,
+    file: Option<Arc<Vec<String>>>,
+) {
+    let gen = RequestGen::new(seed, cfg.prompt_tokens, file, cfg.output, Some(cfg.warmup));
+    let t0 = Instant::now();
+    for spec in gen {
+        if let Err(e) = c.send(&spec, t0).await.result {
+            eprintln!("warning: warm-up request failed: {e}");
+        }
+    }
+}
+
 async fn run_async(
     cfg: &ServeConfig,
     file: Option<Arc<Vec<String>>>,
@@ -397,23 +469,11 @@ async fn run_async(
         cfg.timeout,
     )
     .await?;
-    let mut client = Some(client.with_response_format(response_format));
+    let mut client = Some(client.with_response_format(response_format.map(Arc::new)));
 
     if cfg.warmup > 0 {
         let c = client.as_ref().ok_or_else(|| anyhow!("no client"))?;
-        let gen = RequestGen::new(
-            cfg.seed ^ 0x5eed,
-            cfg.prompt_tokens,
-            file.clone(),
-            cfg.output,
-            Some(cfg.warmup),
-        );
-        let t0 = Instant::now();
-        for spec in gen {
-            if let Err(e) = c.send(&spec, t0).await.result {
-                eprintln!("warning: warm-up request failed: {e}");
-            }
-        }
+        warm_up(c, cfg, cfg.seed ^ 0x5eed, file.clone()).await;
     }
 
     let mut runs = vec![];
@@ -423,20 +483,10 @@ async fn run_async(
         } else {
             load.label()
         };
-        let shared = Arc::new(Shared {
-            client: client.take().ok_or_else(|| anyhow!("no client"))?,
-            gen: Mutex::new(RequestGen::new(
-                cfg.seed,
-                cfg.prompt_tokens,
-                file.clone(),
-                cfg.output,
-                cfg.requests,
-            )),
-            deadline: cfg.duration.map(|d| Instant::now() + d),
-            outcomes: Mutex::new(vec![]),
-            pb: progress_bar(cfg.requests, &label),
-        });
-        let (outcomes, secs) = measure(shared.clone(), load, cfg.seed).await;
+        let c = client.take().ok_or_else(|| anyhow!("no client"))?;
+        let (c, outcomes, secs) =
+            measure_once(c, cfg, load, cfg.seed, file.clone(), &label).await?;
+        client = Some(c);
         let stats = summarize(load, &outcomes, secs, cfg.slo_ttft_ms, cfg.slo_tpot_ms);
         let per_adapter = cfg.adapters.as_ref().map(|names| {
             let per = adapters::per_adapter(
@@ -481,10 +531,6 @@ async fn run_async(
             }
         }
         runs.push(stats);
-        client = Arc::try_unwrap(shared).ok().map(|s| s.client);
-        if client.is_none() {
-            bail!("internal: the client is still shared after a measurement");
-        }
     }
     if runs.len() > 1 {
         if !cfg.json {

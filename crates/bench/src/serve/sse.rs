@@ -1,6 +1,7 @@
-//! Reading a response stream: server-sent event lines, the completions and chat chunk
-//! shapes, OpenAI-style error bodies, and [`StreamAcc`], which turns the bytes of one
-//! stream into token timings and counts, the output text and its finish reason.
+//! Reading a response stream: server-sent event lines, the chunk shapes of Completions and
+//! Chat Completions and the typed events of Responses and Messages, OpenAI- and
+//! Anthropic-style error bodies, and [`StreamAcc`], which turns the bytes of one stream into
+//! token timings and counts, the output text and its finish reason.
 
 use serde_json::Value;
 
@@ -50,11 +51,23 @@ pub struct ChunkInfo {
     pub finish_reason: Option<String>,
     pub completion_tokens: Option<usize>,
     pub prompt_tokens: Option<usize>,
+    /// Tokens of the prompt the server's prefix cache served, when it says.
+    pub cached_tokens: Option<usize>,
     pub error: Option<String>,
+    /// The dialect's last event (Responses' `response.completed`, Messages'
+    /// `message_stop`); Completions and Chat end with `data: [DONE]` instead.
+    pub done: bool,
+    /// The response's id, where the event carries it (Responses' `response.created`).
+    pub response_id: Option<String>,
 }
 
-/// Reads a completions or chat stream chunk.
+/// Reads a stream chunk of any of the four dialects: Responses and Messages events carry
+/// a `type`, Completions and Chat chunks do not. Finish reasons are given in Chat's words
+/// (`stop`, `length`, `tool_calls`).
 pub fn chunk_info(v: &Value) -> ChunkInfo {
+    if let Some(ty) = v.get("type").and_then(Value::as_str) {
+        return event_info(ty, v);
+    }
     let mut info = ChunkInfo::default();
     if let Some(e) = v.get("error") {
         info.error = Some(
@@ -84,6 +97,81 @@ pub fn chunk_info(v: &Value) -> ChunkInfo {
         let n = |k: &str| u.get(k).and_then(Value::as_u64).map(|x| x as usize);
         info.completion_tokens = n("completion_tokens");
         info.prompt_tokens = n("prompt_tokens");
+        info.cached_tokens = u
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize);
+    }
+    info
+}
+
+/// Reads a typed event of the Responses or Messages stream.
+fn event_info(ty: &str, v: &Value) -> ChunkInfo {
+    let mut info = ChunkInfo::default();
+    let text = |p: &str| v.pointer(p).and_then(Value::as_str).map(str::to_string);
+    let count = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).map(|x| x as usize);
+    match ty {
+        // Responses.
+        "response.created" => info.response_id = text("/response/id"),
+        "response.output_text.delta" => info.content = text("/delta").unwrap_or_default(),
+        "response.completed" | "response.incomplete" => {
+            info.done = true;
+            info.response_id = text("/response/id");
+            info.finish_reason = Some(
+                if ty == "response.completed" {
+                    "stop"
+                } else {
+                    "length"
+                }
+                .into(),
+            );
+            if let Some(u) = v.pointer("/response/usage").filter(|u| u.is_object()) {
+                info.prompt_tokens = count(u, "input_tokens");
+                info.completion_tokens = count(u, "output_tokens");
+                info.cached_tokens = u
+                    .pointer("/input_tokens_details/cached_tokens")
+                    .and_then(Value::as_u64)
+                    .map(|x| x as usize);
+            }
+        }
+        "response.failed" => {
+            info.error =
+                Some(text("/response/error/message").unwrap_or_else(|| "response.failed".into()))
+        }
+        // Messages.
+        "message_start" => {
+            if let Some(u) = v.pointer("/message/usage") {
+                info.prompt_tokens = count(u, "input_tokens");
+                info.cached_tokens = count(u, "cache_read_input_tokens");
+            }
+        }
+        "content_block_delta" if v.pointer("/delta/type") == Some(&Value::from("text_delta")) => {
+            info.content = text("/delta/text").unwrap_or_default()
+        }
+        "message_delta" => {
+            info.finish_reason = text("/delta/stop_reason").map(|r| {
+                match r.as_str() {
+                    "max_tokens" => "length",
+                    "tool_use" => "tool_calls",
+                    _ => "stop",
+                }
+                .to_string()
+            });
+            if let Some(u) = v.get("usage") {
+                info.completion_tokens = count(u, "output_tokens");
+            }
+        }
+        "message_stop" => info.done = true,
+        // Both: Responses' `{"type": "error", "message"}`, Anthropic's
+        // `{"type": "error", "error": {"type", "message"}}`.
+        "error" => {
+            info.error = Some(
+                text("/error/message")
+                    .or_else(|| text("/message"))
+                    .unwrap_or_else(|| v.to_string()),
+            )
+        }
+        _ => {}
     }
     info
 }
@@ -119,6 +207,9 @@ pub struct StreamAcc {
     pub content_chunks: usize,
     pub usage_completion: Option<usize>,
     pub usage_prompt: Option<usize>,
+    pub usage_cached: Option<usize>,
+    /// The response's id (Responses).
+    pub response_id: Option<String>,
     /// The content chunks concatenated.
     pub text: String,
     /// The last `finish_reason` the stream gave.
@@ -176,6 +267,15 @@ impl StreamAcc {
                 }
                 if info.prompt_tokens.is_some() {
                     self.usage_prompt = info.prompt_tokens;
+                }
+                if info.cached_tokens.is_some() {
+                    self.usage_cached = info.cached_tokens;
+                }
+                if info.response_id.is_some() {
+                    self.response_id = info.response_id;
+                }
+                if info.done {
+                    self.done = true;
                 }
             }
         }
@@ -249,6 +349,64 @@ mod tests {
         assert_eq!((c.content.as_str(), c.completion_tokens), ("x", None));
         let c = chunk_info(&json!({"error": {"message": "bad", "type": "server_error"}}));
         assert_eq!(c.error.as_deref(), Some("bad"));
+    }
+
+    #[test]
+    fn responses_and_messages_events() {
+        // Responses: deltas, then the usage and id of response.completed; no [DONE].
+        let mut a = StreamAcc::default();
+        a.feed(b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\"}}\n\n", 0.1);
+        a.feed(b"data: {\"type\":\"response.output_item.added\"}\n\n", 0.15);
+        a.feed(
+            b"data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+            0.2,
+        );
+        a.feed(
+            b"data: {\"type\":\"response.output_text.delta\",\"delta\":\" there\"}\n\n",
+            0.4,
+        );
+        assert!(!a.done);
+        a.feed(b"data: {\"type\":\"response.incomplete\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":30,\"output_tokens\":3,\"input_tokens_details\":{\"cached_tokens\":16}}}}\n\n", 0.5);
+        assert!(a.done);
+        assert_eq!(a.text, "Hi there");
+        assert_eq!((a.first_token, a.last_token), (Some(0.2), Some(0.4)));
+        assert_eq!(
+            (a.usage_prompt, a.output_tokens(), a.usage_cached),
+            (Some(30), 3, Some(16))
+        );
+        assert_eq!(a.response_id.as_deref(), Some("resp_1"));
+        assert_eq!(a.finish_reason.as_deref(), Some("length"));
+        let e = chunk_info(&json!({"type": "error", "code": "x", "message": "boom"}));
+        assert_eq!(e.error.as_deref(), Some("boom"));
+        let e = chunk_info(
+            &json!({"type": "response.failed", "response": {"error": {"message": "died"}}}),
+        );
+        assert_eq!(e.error.as_deref(), Some("died"));
+
+        // Messages: text deltas only (not tool input), the stop reason in Chat's words.
+        let mut m = StreamAcc::default();
+        let ev = |v: serde_json::Value| format!("event: x\ndata: {v}\n\n").into_bytes();
+        m.feed(&ev(json!({"type": "message_start", "message": {"usage": {"input_tokens": 12, "output_tokens": 1}}})), 0.1);
+        m.feed(&ev(json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})), 0.1);
+        m.feed(&ev(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "A"}})), 0.2);
+        m.feed(&ev(json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{"}})), 0.25);
+        m.feed(&ev(json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "B"}})), 0.3);
+        m.feed(&ev(json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 2}})), 0.35);
+        assert!(!m.done);
+        m.feed(&ev(json!({"type": "message_stop"})), 0.4);
+        assert!(m.done);
+        assert_eq!(
+            (m.text.as_str(), m.content_chunks, m.output_tokens()),
+            ("AB", 2, 2)
+        );
+        assert_eq!(
+            (m.usage_prompt, m.finish_reason.as_deref()),
+            (Some(12), Some("length"))
+        );
+        let e = chunk_info(
+            &json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+        );
+        assert_eq!(e.error.as_deref(), Some("busy"));
     }
 
     #[test]

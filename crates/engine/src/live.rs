@@ -173,6 +173,11 @@ impl LiveRequest {
         })
     }
 
+    /// The index in the request's `stop` list of the stop string that ended it, if one did.
+    pub fn stop_matched(&self) -> Option<usize> {
+        self.stops.matched()
+    }
+
     /// Text held back by the stream decoder and the stop matcher, at the end of a request
     /// (cut before a stop string completed by it).
     pub fn flush(&mut self, tok: &Tokenizer) -> Result<String> {

@@ -58,6 +58,9 @@ pub enum RequestEvent {
         completion_tokens: usize,
         /// Prompt tokens the prefix cache served at admission (their KV was reused).
         cached_tokens: usize,
+        /// The index in the request's `stop` list of the stop string that ended it (`None`:
+        /// the end-of-sequence token, a grammar's end, a limit).
+        stop_index: Option<usize>,
     },
     /// The request was ended by an error (a failed or panicking step); its KV blocks are free.
     Failed { message: String },

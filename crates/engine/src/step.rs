@@ -517,6 +517,7 @@ impl<'e> StepEngine<'e> {
                 prompt_tokens: live.prompt_tokens,
                 completion_tokens: live.generated,
                 cached_tokens: live.cached_tokens.unwrap_or(0),
+                stop_index: live.stop_matched(),
             },
         ));
     }

@@ -5,35 +5,49 @@
 
 #[derive(Debug, Default)]
 pub struct StopMatcher {
-    stops: Vec<String>,
+    /// The non-empty stop strings, each with its index in the request's list.
+    stops: Vec<(usize, String)>,
     pending: String,
+    matched: Option<usize>,
 }
 
 impl StopMatcher {
     pub fn new(stops: &[String]) -> Self {
         StopMatcher {
-            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            stops: stops
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| !s.is_empty())
+                .map(|(i, s)| (i, s.clone()))
+                .collect(),
             pending: String::new(),
+            matched: None,
         }
+    }
+
+    /// The index (in the request's list) of the stop string that matched, if one did.
+    pub fn matched(&self) -> Option<usize> {
+        self.matched
     }
 
     /// Feeds new text; returns the text safe to emit and whether a stop string matched.
     pub fn push(&mut self, text: &str) -> (String, bool) {
         self.pending.push_str(text);
-        // Earliest complete match wins.
-        if let Some(at) = self
+        // Earliest complete match wins (the first listed, of those matching there).
+        if let Some((at, i)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, *i)))
             .min()
         {
             let out = self.pending[..at].to_string();
             self.pending.clear();
+            self.matched = Some(i);
             return (out, true);
         }
         // Hold back the longest tail that is a proper prefix of some stop string.
         let mut hold = 0;
-        for s in &self.stops {
+        for (_, s) in &self.stops {
             for (i, _) in self.pending.char_indices() {
                 let tail = &self.pending[i..];
                 if tail.len() < s.len() && s.starts_with(tail) {
@@ -65,6 +79,21 @@ mod tests {
         assert_eq!(m.push(" world\n"), (" world".to_string(), false));
         assert_eq!(m.push("\nUs"), (String::new(), false));
         assert_eq!(m.push("er: hi"), (String::new(), true));
+        assert_eq!(m.matched(), Some(0));
+    }
+
+    #[test]
+    fn the_earliest_match_is_named_by_its_index() {
+        let stops = ["".to_string(), "b".into(), "x".into(), "ab".into()];
+        let mut m = StopMatcher::new(&stops);
+        assert_eq!(m.matched(), None);
+        // "ab" starts before "b": the earliest position wins, whatever the list order.
+        assert_eq!(m.push("zab"), ("z".to_string(), true));
+        assert_eq!(m.matched(), Some(3));
+        let mut m = StopMatcher::new(&["cd".to_string(), "c".into()]);
+        // Both start at 1: the first listed.
+        assert_eq!(m.push("acd").1, true);
+        assert_eq!(m.matched(), Some(0));
     }
 
     #[test]
@@ -74,5 +103,6 @@ mod tests {
         assert_eq!(m.push("ART"), ("START".to_string(), false));
         assert_eq!(m.push("ST"), (String::new(), false));
         assert_eq!(m.flush(), "ST");
+        assert_eq!(m.matched(), None);
     }
 }

@@ -164,6 +164,8 @@ pub struct TurnFinish {
     pub reason: FinishReason,
     /// The choice called tools (and stopped after them rather than at the length limit).
     pub called: bool,
+    /// The index in the request's stop strings of the one that ended the choice, if one did.
+    pub stop_index: Option<usize>,
 }
 
 impl TurnFinish {
@@ -239,6 +241,7 @@ impl StartedTurn {
                             prompt_tokens,
                             completion_tokens,
                             cached_tokens,
+                            stop_index,
                         } => {
                             if choice % n == 0 {
                                 usage.prompt_tokens += prompt_tokens;
@@ -250,7 +253,11 @@ impl StartedTurn {
                             vec![TurnEvent::Finish {
                                 choice,
                                 parts,
-                                finish: TurnFinish { reason, called },
+                                finish: TurnFinish {
+                                    reason,
+                                    called,
+                                    stop_index: stop_index.filter(|_| reason == FinishReason::Stop),
+                                },
                             }]
                         }
                         Item::Failed(message) => vec![TurnEvent::Failed { choice, message }],
@@ -281,6 +288,7 @@ impl StartedTurn {
                 finish: TurnFinish {
                     reason,
                     called: !parsed.calls.is_empty() && reason == FinishReason::Stop,
+                    stop_index: c.stop_index.filter(|_| reason == FinishReason::Stop),
                 },
                 parsed,
                 logprobs: c.logprobs,

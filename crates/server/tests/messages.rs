@@ -120,19 +120,23 @@ async fn whole_streamed_and_counted() {
     assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
     assert_eq!(delta["usage"]["output_tokens"], 8);
 
-    // A stop sequence (a word of the answer) ends it there: end_turn, as the engine does not
-    // say which stop it was.
+    // A stop sequence (a word of the answer) ends it there, and is named.
     let word = text
         .split_whitespace()
         .nth(1)
         .expect("two words")
         .to_string();
     let mut body = ask(8);
-    body["stop_sequences"] = json!([word]);
-    let (st, v) = s.post("/v1/messages", body).await;
+    body["stop_sequences"] = json!(["never in the answer", word]);
+    let (st, v) = s.post("/v1/messages", body.clone()).await;
     assert_eq!(st, 200, "{v}");
-    assert_eq!(v["stop_reason"], "end_turn", "{v}");
-    assert_eq!(v["stop_sequence"], Value::Null);
+    assert_eq!(v["stop_reason"], "stop_sequence", "{v}");
+    assert_eq!(v["stop_sequence"], json!(word));
+    body["stream"] = json!(true);
+    let evs = events(&s, body).await;
+    let delta = &evs[evs.len() - 2].1;
+    assert_eq!(delta["delta"]["stop_reason"], "stop_sequence", "{delta}");
+    assert_eq!(delta["delta"]["stop_sequence"], json!(word));
     let cut = v["content"][0]["text"].as_str().unwrap_or("");
     assert!(
         !cut.contains(&word) && text.starts_with(cut),

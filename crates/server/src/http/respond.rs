@@ -26,6 +26,8 @@ pub struct Choice {
     pub completion_tokens: usize,
     /// Prompt tokens the prefix cache served.
     pub cached_tokens: usize,
+    /// The index of the stop string that ended it, if one did.
+    pub stop_index: Option<usize>,
 }
 
 /// The error for a request whose channel closed before it finished: the engine stopped.
@@ -55,8 +57,10 @@ pub async fn collect(state: &AppState, mut sub: Submission) -> Result<Choice, Ap
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                stop_index,
             } => {
                 c.finish = Some(reason);
+                c.stop_index = stop_index;
                 c.prompt_tokens = prompt_tokens;
                 c.completion_tokens = completion_tokens;
                 c.cached_tokens = cached_tokens;
@@ -84,6 +88,7 @@ pub enum Item {
         prompt_tokens: usize,
         completion_tokens: usize,
         cached_tokens: usize,
+        stop_index: Option<usize>,
     },
     /// The choice failed, or its channel closed before it finished (the engine stopped).
     Failed(String),
@@ -123,11 +128,13 @@ pub fn merged(
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                stop_index,
             }) => Item::Finished {
                 reason,
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
+                stop_index,
             },
             Some(Event::Failed { message }) => Item::Failed(message),
             None => Item::Failed(engine_gone(&state).message),
@@ -180,6 +187,7 @@ pub fn sse_stream(
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
+                    ..
                 },
             )) => {
                 if i % n == 0 {

@@ -118,9 +118,18 @@ fn stop_reason(f: TurnFinish) -> &'static str {
         "tool_use"
     } else if f.reason == FinishReason::Length {
         "max_tokens"
+    } else if f.stop_index.is_some() {
+        "stop_sequence"
     } else {
-        // The engine's `Stop` is EOS or a stop string, and does not say which.
         "end_turn"
+    }
+}
+
+/// `stop_sequence`: the one of `stops` that ended the message, else null.
+fn stop_sequence(f: TurnFinish, stops: &[String]) -> Value {
+    match f.stop_index.and_then(|i| stops.get(i)) {
+        Some(s) if !f.called => json!(s),
+        _ => Value::Null,
     }
 }
 
@@ -137,6 +146,7 @@ fn tool_id(id: &str) -> String {
 
 async fn messages_inner(state: Arc<AppState>, body: Value) -> Result<Response, ApiError> {
     let asked = request::read(body, false, state.default_max_tokens)?;
+    let stops = asked.turn.spec.base.stop.clone();
     let started = turn::start(&state, asked.turn).await?;
     let id = fresh_id("msg_");
     let model = started.model.clone();
@@ -146,7 +156,10 @@ async fn messages_inner(state: Arc<AppState>, body: Value) -> Result<Response, A
             "role": "assistant", "model": model, "content": [], "stop_reason": Value::Null,
             "stop_sequence": Value::Null,
             "usage": {"input_tokens": input_tokens, "output_tokens": 0}}});
-        let mut blocks = Blocks::default();
+        let mut blocks = Blocks {
+            stops,
+            ..Blocks::default()
+        };
         let events = started.events(state.clone()).flat_map(move |ev| {
             let out = blocks.event(ev);
             stream::iter(out.into_iter().map(named).collect::<Vec<_>>())
@@ -174,7 +187,8 @@ async fn messages_inner(state: Arc<AppState>, body: Value) -> Result<Response, A
     }
     Ok(Json(
         json!({"id": id, "type": "message", "role": "assistant", "model": model,
-        "content": content, "stop_reason": stop_reason(c.finish), "stop_sequence": Value::Null,
+        "content": content, "stop_reason": stop_reason(c.finish),
+        "stop_sequence": stop_sequence(c.finish, &stops),
         "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}}),
     )
     .into_response())
@@ -213,6 +227,9 @@ struct Blocks {
     /// Whitespace content not yet sent: it opens no text block by itself.
     pending_space: String,
     stop: Option<&'static str>,
+    /// The request's stop sequences, and the one that ended the message (or null).
+    stops: Vec<String>,
+    stop_sequence: Value,
     failed: bool,
 }
 
@@ -296,6 +313,7 @@ impl Blocks {
                 }
                 self.close(&mut out);
                 self.stop = Some(stop_reason(finish));
+                self.stop_sequence = stop_sequence(finish, &self.stops);
             }
             TurnEvent::Failed { message, .. } => {
                 self.failed = true;
@@ -304,7 +322,7 @@ impl Blocks {
             TurnEvent::Usage(u) => {
                 self.close(&mut out);
                 out.push(json!({"type": "message_delta",
-                    "delta": {"stop_reason": self.stop.unwrap_or("end_turn"), "stop_sequence": Value::Null},
+                    "delta": {"stop_reason": self.stop.unwrap_or("end_turn"), "stop_sequence": self.stop_sequence.clone()},
                     "usage": {"output_tokens": u.completion_tokens}}));
                 out.push(json!({"type": "message_stop"}));
             }
@@ -350,6 +368,7 @@ mod tests {
                 finish: TurnFinish {
                     reason: FinishReason::Stop,
                     called: true,
+                    stop_index: None,
                 },
             },
             TurnEvent::Usage(TurnUsage {

@@ -2,7 +2,8 @@
 //! same load, compared.
 //!
 //! Each round measures every API in turn with the same load, prompt lengths and output
-//! lengths; rounds interleave the APIs so that drift of the machine touches them alike.
+//! lengths; rounds interleave the APIs so that drift of the machine touches them alike, and
+//! the order rotates from round to round so that no API always goes first or last.
 //! Every (round, API) measurement draws its own prompts (the seed is offset per
 //! measurement): the same prompts sent again would be served by the prefix cache and favour
 //! whichever API came second. The report: per API, the medians over rounds of output
@@ -15,6 +16,13 @@ use serde_json::{json, Value};
 use super::runner::{connect, measure_once, prepare, runtime, warm_up};
 use super::stats::{num, percentile, summarize, RunStats};
 use super::{Endpoint, ServeConfig};
+
+/// The order of the APIs in round `round`: rotated by one each round, so that every API
+/// takes every place in turn (the first measurement of a round, or the one after a given
+/// other, is not always the same API's).
+pub fn rotation(n: usize, round: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |j| (j + round) % n.max(1))
+}
 
 /// The per-API medians over rounds.
 #[derive(Debug, Clone, PartialEq)]
@@ -170,7 +178,8 @@ pub fn run_dialects(cfg: &ServeConfig, apis: &[Endpoint], rounds: usize) -> Resu
         }
         let mut runs = vec![];
         for round in 0..rounds {
-            for (j, &api) in apis.iter().enumerate() {
+            for j in rotation(apis.len(), round) {
+                let api = apis[j];
                 let label = format!("[round {}/{rounds}] {}", round + 1, api.name());
                 let seed = cfg.seed.wrapping_add(((round * apis.len() + j) as u64) << 20);
                 let c = clients[j].take().ok_or_else(|| anyhow!("no client"))?;
@@ -235,6 +244,16 @@ mod tests {
             1e9,
             1e9,
         )
+    }
+
+    #[test]
+    fn every_api_takes_every_place() {
+        let orders: Vec<Vec<usize>> = (0..4).map(|r| rotation(3, r).collect()).collect();
+        assert_eq!(
+            orders,
+            [vec![0, 1, 2], vec![1, 2, 0], vec![2, 0, 1], vec![0, 1, 2]]
+        );
+        assert_eq!(rotation(1, 5).collect::<Vec<_>>(), [0]);
     }
 
     #[test]

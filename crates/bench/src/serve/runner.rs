@@ -301,10 +301,11 @@ pub fn run_serve(cfg: &ServeConfig) -> Result<()> {
     runtime()?.block_on(run_async(cfg, file, response_format))
 }
 
+/// A measurement's prompts from `--prompt-file` (none: random words).
+pub(super) type PromptLines = Option<Arc<Vec<String>>>;
+
 /// Checks `cfg` and reads its prompt file and response format.
-pub(super) fn prepare(
-    cfg: &ServeConfig,
-) -> Result<(Option<Arc<Vec<String>>>, Option<ResponseFormat>)> {
+pub(super) fn prepare(cfg: &ServeConfig) -> Result<(PromptLines, Option<ResponseFormat>)> {
     if cfg.loads.is_empty() {
         bail!("nothing to run");
     }

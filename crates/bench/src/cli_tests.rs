@@ -3,6 +3,8 @@
 use super::*;
 use clap::Parser;
 
+use crate::serve::Endpoint;
+
 #[derive(Parser)]
 struct Cli {
     #[command(subcommand)]
@@ -66,7 +68,7 @@ fn model_defaults() {
 fn serve_defaults_and_modes() {
     let c = Cli::parse_from(["x", "serve", "--url", "http://h:1"]);
     match c.cmd {
-        BenchCommand::Serve {
+        BenchCommand::Serve(ServeArgs {
             endpoint,
             concurrency,
             rate,
@@ -78,7 +80,7 @@ fn serve_defaults_and_modes() {
             slo_tpot_ms,
             response_format,
             ..
-        } => {
+        }) => {
             assert_eq!(endpoint, [Endpoint::Completions]);
             assert_eq!(response_format, None);
             assert_eq!((concurrency, rate, requests), (None, None, None));
@@ -104,13 +106,13 @@ fn serve_defaults_and_modes() {
         "docs/bench/schemas/person.json",
     ]);
     match c.cmd {
-        BenchCommand::Serve {
+        BenchCommand::Serve(ServeArgs {
             sweep,
             endpoint,
             plot,
             response_format,
             ..
-        } => {
+        }) => {
             assert_eq!(sweep, Some(vec![1, 2, 4]));
             assert_eq!(
                 response_format,
@@ -133,9 +135,9 @@ fn serve_defaults_and_modes() {
         "3",
     ]);
     match c.cmd {
-        BenchCommand::Serve {
+        BenchCommand::Serve(ServeArgs {
             endpoint, rounds, ..
-        } => {
+        }) => {
             assert_eq!(
                 endpoint,
                 [Endpoint::Chat, Endpoint::Responses, Endpoint::Messages]
@@ -176,12 +178,12 @@ fn serve_defaults_and_modes() {
 fn serve_adapters_and_lora_tools() {
     let c = Cli::parse_from(["x", "serve", "--url", "u"]);
     match c.cmd {
-        BenchCommand::Serve { adapters, .. } => assert_eq!(adapters, None),
+        BenchCommand::Serve(ServeArgs { adapters, .. }) => assert_eq!(adapters, None),
         _ => panic!("not serve"),
     }
     let c = Cli::parse_from(["x", "serve", "--url", "u", "--adapters", "base,a0,a1"]);
     match c.cmd {
-        BenchCommand::Serve { adapters, .. } => {
+        BenchCommand::Serve(ServeArgs { adapters, .. }) => {
             assert_eq!(
                 adapters,
                 Some(vec!["base".into(), "a0".into(), "a1".into()])
@@ -261,14 +263,14 @@ fn serve_adapters_and_lora_tools() {
 fn serve_long_prefill_scenario_flags() {
     let c = Cli::parse_from(["x", "serve", "--url", "u"]);
     match c.cmd {
-        BenchCommand::Serve {
+        BenchCommand::Serve(ServeArgs {
             scenario,
             long_prompts,
             long_prompt_tokens,
             short_prompt_tokens,
             short_output_tokens,
             ..
-        } => {
+        }) => {
             assert_eq!(scenario, crate::serve::Scenario::Load);
             assert_eq!(
                 (long_prompts, long_prompt_tokens, short_prompt_tokens),
@@ -291,12 +293,12 @@ fn serve_long_prefill_scenario_flags() {
         "250",
     ]);
     match c.cmd {
-        BenchCommand::Serve {
+        BenchCommand::Serve(ServeArgs {
             scenario,
             long_prompts,
             short_gap_ms,
             ..
-        } => {
+        }) => {
             assert_eq!(scenario, crate::serve::Scenario::LongPrefill);
             assert_eq!((long_prompts, short_gap_ms), (2, 250.0));
         }

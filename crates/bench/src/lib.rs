@@ -27,6 +27,7 @@ pub mod model;
 pub mod openblas;
 pub mod plot;
 pub mod serve;
+pub mod serve_args;
 pub mod serve_plot;
 pub mod spec;
 pub mod stats;

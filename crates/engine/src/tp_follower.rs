@@ -131,6 +131,8 @@ pub(crate) fn spawn_follower(
                 return;
             }
             while let Ok(order) = job_rx.recv() {
+                // Without fault injection `Order` has one variant.
+                #[allow(clippy::infallible_destructuring_match)]
                 let mut job = match order {
                     Order::Step(job) => job,
                     #[cfg(feature = "fault-injection")]

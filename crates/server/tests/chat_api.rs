@@ -4,39 +4,10 @@
 //! `usage.prompt_tokens_details.cached_tokens` from prefix-cache hits; unknown fields
 //! refused by name, pure hints accepted.
 
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 mod common;
-use common::{start, Server};
-
-/// The `data:` payloads of a streamed request (without `[DONE]`) and whether it ended
-/// with `[DONE]`.
-async fn chunks(s: &Server, path: &str, body: Value) -> (Vec<Value>, bool) {
-    let r = s
-        .client
-        .post(format!("{}{path}", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mut bytes = r.bytes_stream();
-    let mut buf = String::new();
-    while let Some(c) = bytes.next().await {
-        buf.push_str(&String::from_utf8_lossy(&c.unwrap()));
-    }
-    let mut out = vec![];
-    let mut done = false;
-    for line in buf.lines().filter_map(|l| l.strip_prefix("data: ")) {
-        if line == "[DONE]" {
-            done = true;
-        } else {
-            out.push(serde_json::from_str(line).unwrap());
-        }
-    }
-    (out, done)
-}
+use common::start;
 
 fn chat(content: &str, extra: Value) -> Value {
     let mut b = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 8,
@@ -55,7 +26,7 @@ async fn streamed_chat_has_one_role_delta_per_choice_and_a_usage_chunk_like_the_
         json!({"n": 2, "temperature": 1.0, "seed": 5, "stream": true,
             "stream_options": {"include_usage": true}}),
     );
-    let (cs, done) = chunks(&s, "/v1/chat/completions", body).await;
+    let (cs, done) = s.chunks("/v1/chat/completions", body).await;
     assert!(done);
     let id = cs[0]["id"].as_str().unwrap().to_string();
     for c in &cs {
@@ -87,12 +58,9 @@ async fn streamed_chat_has_one_role_delta_per_choice_and_a_usage_chunk_like_the_
         assert!(deltas.len() >= 3, "{deltas:?}");
     }
     // Without include_usage: no usage chunk, every chunk has a choice.
-    let (cs, _) = chunks(
-        &s,
-        "/v1/chat/completions",
-        chat("Hi", json!({"stream": true})),
-    )
-    .await;
+    let (cs, _) = s
+        .chunks("/v1/chat/completions", chat("Hi", json!({"stream": true})))
+        .await;
     assert!(cs
         .iter()
         .all(|c| c["choices"].as_array().unwrap().len() == 1));
@@ -103,7 +71,7 @@ async fn streamed_completion_usage_chunk_is_shaped_like_the_others() {
     let s = start(|_| {}, None).await;
     let body = json!({"prompt": "The capital of France is", "max_tokens": 4, "stream": true,
         "stream_options": {"include_usage": true}});
-    let (cs, done) = chunks(&s, "/v1/completions", body).await;
+    let (cs, done) = s.chunks("/v1/completions", body).await;
     assert!(done);
     let usage = cs.last().unwrap();
     assert_eq!(usage["object"], "text_completion");
@@ -252,7 +220,7 @@ async fn cached_tokens_count_the_prefix_cache_hits() {
                 let mut body = body;
                 if stream {
                     body["stream_options"] = json!({"include_usage": true});
-                    let (cs, _) = chunks(&s, path, body).await;
+                    let (cs, _) = s.chunks(path, body).await;
                     cached.push(cs.last().unwrap()["usage"].clone());
                 } else {
                     let (status, v) = s.post(path, body).await;
@@ -295,15 +263,15 @@ async fn cached_tokens_count_the_prefix_cache_hits() {
             > 0,
         "{second}"
     );
-    let (cs, _) = chunks(
-        &s,
-        "/v1/chat/completions",
-        chat(
-            &content,
-            json!({"max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
-        ),
-    )
-    .await;
+    let (cs, _) = s
+        .chunks(
+            "/v1/chat/completions",
+            chat(
+                &content,
+                json!({"max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}),
+            ),
+        )
+        .await;
     let u = &cs.last().unwrap()["usage"];
     assert!(
         u["prompt_tokens_details"]["cached_tokens"]

@@ -39,19 +39,8 @@ fn tokens(bad: u32, stream: bool) -> Value {
 
 /// The raw SSE data lines of a streaming request.
 async fn stream_lines(s: &Server, body: Value) -> Vec<String> {
-    let r = s
-        .client
-        .post(format!("{}/v1/completions", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(String::from)
-        .collect()
+    let events = s.sse("/v1/completions", body).await;
+    events.into_iter().map(|(_, data)| data).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,6 @@
 //! answers (the events in Anthropic's order), count_tokens, the required `max_tokens`,
 //! refused blocks and unknown tool_use ids, Anthropic's error shape, and `x-api-key`.
 
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 mod common;
@@ -27,28 +26,11 @@ fn anthropic_error(status: u16, v: &Value, want_status: u16, want_type: &str) ->
 
 /// A streamed request's events: (name, data).
 async fn events(s: &Server, body: Value) -> Vec<(String, Value)> {
-    let r = s
-        .client
-        .post(format!("{}/v1/messages", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mut bytes = r.bytes_stream();
-    let mut buf = String::new();
-    while let Some(chunk) = bytes.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
     let mut out = vec![];
-    for ev in buf.split("\n\n").filter(|e| !e.trim().is_empty()) {
-        let name = ev.lines().find_map(|l| l.strip_prefix("event: "));
-        let data = ev.lines().find_map(|l| l.strip_prefix("data: "));
-        if let (Some(n), Some(d)) = (name, data) {
-            let v: Value = serde_json::from_str(d).unwrap();
-            assert_eq!(v["type"], n, "the event is named after its type");
-            out.push((n.to_string(), v));
-        }
+    for (n, d) in s.sse("/v1/messages", body).await {
+        let v: Value = serde_json::from_str(&d).unwrap();
+        assert_eq!(v["type"], n, "the event is named after its type");
+        out.push((n, v));
     }
     out
 }

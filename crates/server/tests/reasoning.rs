@@ -9,21 +9,8 @@ use common::{engine, start_opts};
 
 /// The SSE data lines of a streamed request, parsed.
 async fn chunks(s: &common::Server, body: Value) -> Vec<Value> {
-    let text = s
-        .client
-        .post(format!("{}/v1/chat/completions", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|l| *l != "[DONE]")
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    let (chunks, _) = s.chunks("/v1/chat/completions", body).await;
+    chunks
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

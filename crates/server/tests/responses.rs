@@ -43,25 +43,11 @@ fn output_text(r: &Value) -> String {
 
 /// A streamed response's events: (the `event:` name, the data).
 async fn stream(s: &Server, body: Value) -> Vec<(String, Value)> {
-    let r = s
-        .client
-        .post(format!("{}/v1/responses", s.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap();
-    let mut out = vec![];
-    let mut name = String::new();
-    for line in text.lines() {
-        if let Some(n) = line.strip_prefix("event: ") {
-            name = n.to_string();
-        } else if let Some(d) = line.strip_prefix("data: ") {
-            out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap()));
-        }
-    }
-    out
+    let events = s.sse("/v1/responses", body).await;
+    events
+        .into_iter()
+        .map(|(n, d)| (n, serde_json::from_str(&d).unwrap()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -146,9 +146,9 @@ impl Server {
         );
     }
 
-    /// Streams a request; returns the concatenated text, the finish reason and whether
-    /// the stream ended with [DONE].
-    pub async fn stream(&self, path: &str, body: Value) -> (String, Option<String>, bool) {
+    /// Posts a streaming request (asserting 200) and reads its whole event stream: each
+    /// event's name (`event:`, empty without one) and data (`data:`), in order.
+    pub async fn sse(&self, path: &str, body: Value) -> Vec<(String, String)> {
         let r = self
             .client
             .post(format!("{}{path}", self.base))
@@ -162,13 +162,36 @@ impl Server {
         while let Some(chunk) = bytes.next().await {
             buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
         }
-        let (mut text, mut finish, mut done) = (String::new(), None, false);
-        for line in buf.lines().filter_map(|l| l.strip_prefix("data: ")) {
-            if line == "[DONE]" {
-                done = true;
-                continue;
+        let mut out = vec![];
+        for ev in buf.split("\n\n") {
+            let name = ev.lines().find_map(|l| l.strip_prefix("event: "));
+            if let Some(data) = ev.lines().find_map(|l| l.strip_prefix("data: ")) {
+                out.push((name.unwrap_or("").to_string(), data.to_string()));
             }
-            let v: Value = serde_json::from_str(line).unwrap();
+        }
+        out
+    }
+
+    /// A Completions or Chat stream's JSON chunks, and whether it ended with `[DONE]`.
+    pub async fn chunks(&self, path: &str, body: Value) -> (Vec<Value>, bool) {
+        let mut done = false;
+        let mut out = vec![];
+        for (_, data) in self.sse(path, body).await {
+            if data == "[DONE]" {
+                done = true;
+            } else {
+                out.push(serde_json::from_str(&data).unwrap());
+            }
+        }
+        (out, done)
+    }
+
+    /// Streams a request; returns the concatenated text, the finish reason and whether
+    /// the stream ended with [DONE].
+    pub async fn stream(&self, path: &str, body: Value) -> (String, Option<String>, bool) {
+        let (chunks, done) = self.chunks(path, body).await;
+        let (mut text, mut finish) = (String::new(), None);
+        for v in chunks {
             for c in v["choices"].as_array().unwrap() {
                 text.push_str(
                     c["text"]

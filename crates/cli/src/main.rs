@@ -10,12 +10,14 @@ use tessera_engine::engine::default_threads;
 use tessera_engine::generate::generate_with;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::{
-    store, Engine, GenerateRequest, KvDtype, SamplingParams, SplitBy, SubBatchPolicy, SubBatching,
+    store, DeviceKind, Engine, GenerateRequest, KvDtype, SamplingParams, SplitBy, SubBatchPolicy,
+    SubBatching,
 };
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
 use tessera_tokenizer::ChatMessage;
 
+mod device;
 mod serve;
 mod simulate;
 mod spec_args;
@@ -82,6 +84,10 @@ pub(crate) struct ModelArgs {
     /// rounded to nearest when stored, read back exactly by the attention kernel).
     #[arg(long, global = true, default_value = "f32")]
     kv_dtype: KvDtype,
+    /// Where the step engines run (`generate`, `serve`, `logits`): `cpu`, or `cuda` (one
+    /// NVIDIA GPU, exact path; a build with `--features cuda`; no --tp or --lora yet).
+    #[arg(long, global = true, default_value = "cpu")]
+    device: DeviceKind,
 }
 
 pub(crate) use spec_args::SpecArgs;
@@ -264,6 +270,7 @@ pub(crate) fn load_with_context(
     if args.tp == 0 {
         bail!("--tp must be at least 1");
     }
+    device::check(args.device, args.tp, args.lora.len(), false)?;
     let backend = match args.tp_backend.as_str() {
         "local" => tessera_engine::TpBackend::Local,
         "mpi" => tessera_engine::TpBackend::Mpi,
@@ -280,6 +287,7 @@ pub(crate) fn load_with_context(
     if let Some(c) = context {
         files.config.max_position = files.config.max_position.min(c.max(1));
     }
+    let device = device::make(args.device, &files, precision)?;
     let mut engine = Engine::from_files_parallel(
         files,
         threads,
@@ -293,8 +301,11 @@ pub(crate) fn load_with_context(
     .with_context(|| format!("loading {}", path.display()))?;
     engine.sub_batching = sub_batching;
     engine.kv_dtype = args.kv_dtype;
+    if let Some(d) = device {
+        engine.set_device(d)?;
+    }
     eprintln!(
-        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads{} [{}, {precision}, {}, KV {}]",
+        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads{} [{}, {precision}, {}, KV {}, device {}]",
         engine.name,
         engine.weight_bytes as f64 / 1e6,
         engine.load_secs,
@@ -309,7 +320,8 @@ pub(crate) fn load_with_context(
         } else {
             "tuned"
         },
-        engine.kv_dtype
+        engine.kv_dtype,
+        engine.device().name()
     );
     Ok(engine)
 }
@@ -554,6 +566,7 @@ fn run(cli: Cli) -> Result<()> {
             spec,
             model,
         } => {
+            device::check(model.device, model.tp, 0, spec.speculative.is_some())?;
             let engine = load(&model, Precision::Exact)?;
             let mut speculation = match spec.config(model.tp)? {
                 None => None,

@@ -17,6 +17,8 @@ use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
 use tessera_tokenizer::ChatMessage;
 
+#[cfg(feature = "cuda")]
+mod cuda_check;
 mod device;
 mod serve;
 mod simulate;
@@ -161,6 +163,17 @@ enum Command {
     Pull,
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Seeded synthetic models at real shapes, for machines the real files cannot reach
+    /// (the GPU checks of scripts/device-cuda.sh).
+    Synth {
+        #[command(subcommand)]
+        cmd: SynthCommand,
+    },
+    /// The GPU against the CPU's exact path on one model: logits and greedy-decode parity,
+    /// continuous batching, decode speed against the bandwidth floor (a build with
+    /// `--features cuda`, on a machine with an NVIDIA GPU).
+    #[cfg(feature = "cuda")]
+    CudaCheck(cuda_check::CudaCheckArgs),
     /// Benchmarks: GEMM planner sweep, kernel variants, whole-model throughput.
     Bench {
         #[command(subcommand)]
@@ -215,6 +228,67 @@ enum Command {
         #[arg(long)]
         warm: bool,
     },
+}
+
+#[derive(Subcommand)]
+enum SynthCommand {
+    /// Write the `tokenizer.*` metadata of a GGUF file as a GGUF file with no tensors (a few
+    /// MB: the real tokenizer travels where the model cannot).
+    Header {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Write a seeded random model of a real model's shape with the tokenizer of a header.
+    Model {
+        /// smollm2-135m, qwen2.5-0.5b or llama-256 (whole 256-weight rows everywhere).
+        #[arg(long)]
+        shape: String,
+        /// Format of the matrices (rows not on whole blocks of it fall back to q8_0).
+        #[arg(long)]
+        dtype: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A GGUF file whose tokenizer is copied (`tessera synth header`, or any model).
+        #[arg(long)]
+        tokenizer: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn synth(cmd: SynthCommand) -> Result<()> {
+    use tessera_formats::gguf::{synthetic, GgufFile};
+    let open = |p: &PathBuf| GgufFile::open(p).with_context(|| format!("reading {}", p.display()));
+    let (bytes, out) = match cmd {
+        SynthCommand::Header { from, out } => {
+            (synthetic::tokenizer_header(&open(&from)?.metadata)?, out)
+        }
+        SynthCommand::Model {
+            shape,
+            dtype,
+            seed,
+            tokenizer,
+            out,
+        } => {
+            let shape = synthetic::shape(&shape)?;
+            let dt =
+                tessera_core::DType::parse(&dtype).with_context(|| format!("--dtype {dtype:?}"))?;
+            let tok = open(&tokenizer)?;
+            (
+                synthetic::synthetic_gguf(shape, dt, seed, &tok.metadata)?,
+                out,
+            )
+        }
+    };
+    std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({:.1} MB)",
+        out.display(),
+        bytes.len() as f64 / 1e6
+    );
+    Ok(())
 }
 
 /// The adapter named by `--lora`, loaded for `engine`'s model.
@@ -496,6 +570,9 @@ fn run(cli: Cli) -> Result<()> {
             println!("{} tuned plans saved to {}", cache.plans.len(), p.display());
         }
         Command::Bench { cmd } => tessera_bench::cli::run(cmd)?,
+        Command::Synth { cmd } => synth(cmd)?,
+        #[cfg(feature = "cuda")]
+        Command::CudaCheck(args) => cuda_check::run(args)?,
         Command::Serve(args) => serve::run(args)?,
         Command::Simulate(args) => simulate::run(args)?,
         Command::Pull => {

@@ -3,7 +3,7 @@
 #
 #   scripts/device-cuda.sh --prepare   here: builds `tessera` with `--features cuda`, writes
 #                                      the default model's tokenizer header, and puts both in
-#                                      .device/ (gitignored; about 20 MB), to be carried.
+#                                      .device/ (gitignored; about 9 MB, the binary xz-compressed), to be carried.
 #   scripts/device-cuda.sh             on the GPU machine (needs only libcuda.so.1 and the
 #                                      carried .device/): writes seeded synthetic models at
 #                                      real shapes in every format the GPU reads, and runs
@@ -27,6 +27,8 @@ if [ "${1:-}" = "--prepare" ]; then
   strip "$dev/tessera" 2>/dev/null || true
   model=$(target/release/tessera pull)
   "$dev/tessera" synth header --from "$model" --out "$dev/tokenizer.gguf"
+  # Compressed: the working tree and what is carried travel together, 64 MiB a call.
+  xz -9 -T2 -f "$dev/tessera"
   du -sh "$dev"/*
   echo "carry .device (and run scripts/device-cuda.sh there)"
   exit 0
@@ -38,6 +40,10 @@ log="$out/device-cuda.log"
 : > "$log"
 say() { echo "$@" | tee -a "$log"; }
 bin="$dev/tessera"
+if [ ! -x "$bin" ] && [ -f "$bin.xz" ]; then
+  python3 -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' "$bin.xz" "$bin"
+  chmod +x "$bin"
+fi
 if [ ! -x "$bin" ] || [ ! -f "$dev/tokenizer.gguf" ]; then
   echo "missing $bin or $dev/tokenizer.gguf: run scripts/device-cuda.sh --prepare here and carry .device" >&2
   exit 2
@@ -56,6 +62,8 @@ runs=(
   "smollm2-135m q4_0" "smollm2-135m q4_1" "llama-256 q4_k" "llama-256 q5_k"
   "llama-256 q6_k" "qwen2.5-0.5b q4_0"
 )
+# DEVICE_RUNS="shape dtype;shape dtype": a subset.
+if [ -n "${DEVICE_RUNS:-}" ]; then IFS=';' read -ra runs <<<"$DEVICE_RUNS"; fi
 status=0
 for r in "${runs[@]}"; do
   set -- $r
@@ -73,7 +81,7 @@ if [ -f "$dev/model.gguf" ]; then
 fi
 {
   echo "== summary"
-  grep -E "^(== |prefill parity|greedy decode|continuous batching|decode speed|FAIL)" "$log"
+  grep -E "^(== |prefill parity|greedy decode|continuous batching|decode speed|FAIL|error)" "$log"
   echo "overall: $([ $status = 0 ] && echo PASS || echo FAIL)"
 } | tee "$out/summary.txt"
 rm -rf "$work"

@@ -10,12 +10,16 @@ use tessera_engine::engine::default_threads;
 use tessera_engine::generate::generate_with;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::{
-    store, Engine, GenerateRequest, KvDtype, SamplingParams, SplitBy, SubBatchPolicy, SubBatching,
+    store, DeviceKind, Engine, GenerateRequest, KvDtype, SamplingParams, SplitBy, SubBatchPolicy,
+    SubBatching,
 };
 use tessera_kernels::plan::Precision;
 use tessera_kernels::planner::ShapeKey;
 use tessera_tokenizer::ChatMessage;
 
+#[cfg(feature = "cuda")]
+mod cuda_check;
+mod device;
 mod serve;
 mod simulate;
 mod spec_args;
@@ -82,6 +86,10 @@ pub(crate) struct ModelArgs {
     /// rounded to nearest when stored, read back exactly by the attention kernel).
     #[arg(long, global = true, default_value = "f32")]
     kv_dtype: KvDtype,
+    /// Where the step engines run (`generate`, `serve`, `logits`): `cpu`, or `cuda` (one
+    /// NVIDIA GPU, exact path; a build with `--features cuda`; no --tp or --lora yet).
+    #[arg(long, global = true, default_value = "cpu")]
+    device: DeviceKind,
 }
 
 pub(crate) use spec_args::SpecArgs;
@@ -155,6 +163,17 @@ enum Command {
     Pull,
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(serve::ServeArgs),
+    /// Seeded synthetic models at real shapes, for machines the real files cannot reach
+    /// (the GPU checks of scripts/device-cuda.sh).
+    Synth {
+        #[command(subcommand)]
+        cmd: SynthCommand,
+    },
+    /// The GPU against the CPU's exact path on one model: logits and greedy-decode parity,
+    /// continuous batching, decode speed against the bandwidth floor (a build with
+    /// `--features cuda`, on a machine with an NVIDIA GPU).
+    #[cfg(feature = "cuda")]
+    CudaCheck(cuda_check::CudaCheckArgs),
     /// Benchmarks: GEMM planner sweep, kernel variants, whole-model throughput.
     Bench {
         #[command(subcommand)]
@@ -211,6 +230,67 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum SynthCommand {
+    /// Write the `tokenizer.*` metadata of a GGUF file as a GGUF file with no tensors (a few
+    /// MB: the real tokenizer travels where the model cannot).
+    Header {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Write a seeded random model of a real model's shape with the tokenizer of a header.
+    Model {
+        /// smollm2-135m, qwen2.5-0.5b or llama-256 (whole 256-weight rows everywhere).
+        #[arg(long)]
+        shape: String,
+        /// Format of the matrices (rows not on whole blocks of it fall back to q8_0).
+        #[arg(long)]
+        dtype: String,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// A GGUF file whose tokenizer is copied (`tessera synth header`, or any model).
+        #[arg(long)]
+        tokenizer: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn synth(cmd: SynthCommand) -> Result<()> {
+    use tessera_formats::gguf::{synthetic, GgufFile};
+    let open = |p: &PathBuf| GgufFile::open(p).with_context(|| format!("reading {}", p.display()));
+    let (bytes, out) = match cmd {
+        SynthCommand::Header { from, out } => {
+            (synthetic::tokenizer_header(&open(&from)?.metadata)?, out)
+        }
+        SynthCommand::Model {
+            shape,
+            dtype,
+            seed,
+            tokenizer,
+            out,
+        } => {
+            let shape = synthetic::shape(&shape)?;
+            let dt =
+                tessera_core::DType::parse(&dtype).with_context(|| format!("--dtype {dtype:?}"))?;
+            let tok = open(&tokenizer)?;
+            (
+                synthetic::synthetic_gguf(shape, dt, seed, &tok.metadata)?,
+                out,
+            )
+        }
+    };
+    std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+    eprintln!(
+        "wrote {} ({:.1} MB)",
+        out.display(),
+        bytes.len() as f64 / 1e6
+    );
+    Ok(())
+}
+
 /// The adapter named by `--lora`, loaded for `engine`'s model.
 fn adapter(args: &ModelArgs, engine: &Engine) -> Result<Option<std::sync::Arc<LoraAdapter>>> {
     let p = match args.lora.as_slice() {
@@ -264,6 +344,7 @@ pub(crate) fn load_with_context(
     if args.tp == 0 {
         bail!("--tp must be at least 1");
     }
+    device::check(args.device, args.tp, args.lora.len(), false)?;
     let backend = match args.tp_backend.as_str() {
         "local" => tessera_engine::TpBackend::Local,
         "mpi" => tessera_engine::TpBackend::Mpi,
@@ -280,6 +361,7 @@ pub(crate) fn load_with_context(
     if let Some(c) = context {
         files.config.max_position = files.config.max_position.min(c.max(1));
     }
+    let device = device::make(args.device, &files, precision)?;
     let mut engine = Engine::from_files_parallel(
         files,
         threads,
@@ -293,8 +375,11 @@ pub(crate) fn load_with_context(
     .with_context(|| format!("loading {}", path.display()))?;
     engine.sub_batching = sub_batching;
     engine.kv_dtype = args.kv_dtype;
+    if let Some(d) = device {
+        engine.set_device(d)?;
+    }
     eprintln!(
-        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads{} [{}, {precision}, {}, KV {}]",
+        "loaded {} ({:.1} MB of weights) in {:.2}s on {threads} threads{} [{}, {precision}, {}, KV {}, device {}]",
         engine.name,
         engine.weight_bytes as f64 / 1e6,
         engine.load_secs,
@@ -309,7 +394,8 @@ pub(crate) fn load_with_context(
         } else {
             "tuned"
         },
-        engine.kv_dtype
+        engine.kv_dtype,
+        engine.device().name()
     );
     Ok(engine)
 }
@@ -484,6 +570,9 @@ fn run(cli: Cli) -> Result<()> {
             println!("{} tuned plans saved to {}", cache.plans.len(), p.display());
         }
         Command::Bench { cmd } => tessera_bench::cli::run(cmd)?,
+        Command::Synth { cmd } => synth(cmd)?,
+        #[cfg(feature = "cuda")]
+        Command::CudaCheck(args) => cuda_check::run(args)?,
         Command::Serve(args) => serve::run(args)?,
         Command::Simulate(args) => simulate::run(args)?,
         Command::Pull => {
@@ -554,6 +643,7 @@ fn run(cli: Cli) -> Result<()> {
             spec,
             model,
         } => {
+            device::check(model.device, model.tp, 0, spec.speculative.is_some())?;
             let engine = load(&model, Precision::Exact)?;
             let mut speculation = match spec.config(model.tp)? {
                 None => None,

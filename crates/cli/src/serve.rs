@@ -218,6 +218,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         spec,
         model,
     } = args;
+    crate::device::check(model.device, model.tp, 0, spec.speculative.is_some())?;
     let speculation = spec.config(model.tp)?;
 
     let seconds = |flag: &str, v: f64| {
@@ -311,7 +312,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
     sched.adapter_serial = serial;
     sched.long_prefill_tokens = long_prefill_tokens.unwrap_or(max_model_len / 25);
     sched.window = window;
-    sched.time_budget = step_time_budget(&engine, &sched, &step_time_budget_ms)?;
+    sched.time_budget = if model.device == tessera_engine::DeviceKind::Cpu {
+        step_time_budget(&engine, &sched, &step_time_budget_ms)?
+    } else {
+        // The step-cost model is fitted to the CPU forward's stage times.
+        eprintln!(
+            "--device {}: steps are filled by tokens alone (the step-time budget's cost model \
+             is the CPU's)",
+            model.device
+        );
+        None
+    };
     sched
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid server settings: {e}"))?;

@@ -16,6 +16,7 @@ use tessera_model::{
 use tessera_runtime::ThreadPool;
 use tessera_tokenizer::Tokenizer;
 
+use crate::device::{Cpu, Device, DeviceKind, StepKv};
 use crate::overlap_plan::{OverlapStats, SubBatchPolicy};
 use crate::tp::{StepMode, TpGroup};
 use crate::KV_BLOCK_SIZE;
@@ -55,6 +56,9 @@ pub struct Engine {
     grammars: std::sync::OnceLock<std::result::Result<crate::constrain::Grammars, String>>,
     /// The bounds each grammar is built and stepped under.
     grammar_limits: crate::constrain::GrammarLimits,
+    /// What runs the step engines' forwards and holds their KV storage ([`crate::device`];
+    /// the CPU unless [`Engine::set_device`] installed another).
+    device: Arc<dyn Device>,
     #[cfg(feature = "fault-injection")]
     pub fault_hook: Option<FaultHook>,
 }
@@ -277,9 +281,41 @@ impl Engine {
             tp,
             grammars: std::sync::OnceLock::new(),
             grammar_limits: Default::default(),
+            device: Arc::new(Cpu),
             #[cfg(feature = "fault-injection")]
             fault_hook: None,
         })
+    }
+
+    /// Runs the step engines made after this call on `device` (one-off forwards such as
+    /// [`Engine::forward`] and [`Engine::logits_all`] stay on the CPU). A device other than
+    /// the CPU runs one rank: under tensor parallelism it is refused.
+    pub fn set_device(&mut self, device: Arc<dyn Device>) -> Result<()> {
+        if self.tp.is_some() {
+            return Err(tessera_core::Error::Config(format!(
+                "device {} runs one rank; this engine is split over tensor-parallel ranks",
+                device.name()
+            )));
+        }
+        self.device = device;
+        Ok(())
+    }
+
+    /// The device step engines run on.
+    pub fn device(&self) -> &dyn Device {
+        &*self.device
+    }
+
+    /// A step engine's KV storage and forward state on the engine's device
+    /// ([`crate::device`]); `window_blocks`: a window group of that many blocks.
+    pub fn new_step_kv(
+        &self,
+        block_size: usize,
+        num_blocks: usize,
+        window_blocks: Option<usize>,
+    ) -> Result<Box<dyn StepKv + '_>> {
+        self.device
+            .new_kv(self, block_size, num_blocks, window_blocks)
     }
 
     /// Sets the bounds of constrained requests' grammars (before the first one arrives).
@@ -565,10 +601,9 @@ impl Engine {
     }
 
     /// Logits at every position of `tokens` under `adapter` (or the base model), from an
-    /// empty cache in one forward (numerics checks, perplexity).
+    /// empty cache in one forward on the engine's device (numerics checks, perplexity).
     pub fn logits_all(&self, tokens: &[u32], adapter: Option<&Arc<LoraAdapter>>) -> Result<Logits> {
         let blocks = tokens.len().div_ceil(KV_BLOCK_SIZE).max(1);
-        let mut kv = self.new_kv(KV_BLOCK_SIZE, blocks)?;
         let mut seq = SeqChunk::new(
             tokens.to_vec(),
             0,
@@ -577,10 +612,16 @@ impl Engine {
         );
         seq.adapter = adapter.map(|_| 0);
         let table: Vec<Arc<LoraAdapter>> = adapter.into_iter().cloned().collect();
-        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(self
-            .forward_ranks(&BatchMeta { seqs: vec![seq] }, &mut kv, &mut ws, &table)?
-            .into_owned())
+        let batch = BatchMeta { seqs: vec![seq] };
+        if self.device.kind() == DeviceKind::Cpu {
+            let mut kv = self.new_kv(KV_BLOCK_SIZE, blocks)?;
+            let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+            return Ok(self
+                .forward_ranks(&batch, &mut kv, &mut ws, &table)?
+                .into_owned());
+        }
+        let mut kv = self.new_step_kv(KV_BLOCK_SIZE, blocks, None)?;
+        Ok(kv.forward(&batch, &table)?.into_owned())
     }
 
     /// The execution context of a base-model forward.

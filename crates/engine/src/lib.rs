@@ -1,5 +1,5 @@
 //! Running a model: loading it with its tokenizer ([`Engine`]), the step engine every front end
-//! drives ([`step`]) with its per-request pipeline ([`live`]: sampling, stop strings,
+//! drives ([`step`]) on a [`device`] (the CPU, or a GPU crate's) with its per-request pipeline ([`live`]: sampling, stop strings,
 //! streaming detokenization), the accepted range of every generation parameter ([`params`]),
 //! single-request generation ([`generate`]), perplexity ([`perplexity`]), fetching the default
 //! model ([`store`]), start-up resource checks ([`resources`]: threads, KV memory, context),
@@ -10,6 +10,7 @@
 
 pub mod cold_weights;
 pub mod constrain;
+pub mod device;
 pub mod draft;
 pub mod engine;
 pub mod generate;
@@ -37,6 +38,7 @@ pub mod tune;
 pub mod tuning;
 mod window;
 
+pub use device::{Device, DeviceKind, StepKv};
 pub use engine::{AdapterPreparer, Engine, TpBackend};
 pub use generate::GenerationStats;
 pub use live::token_logprob;

@@ -26,12 +26,13 @@ use std::time::Instant;
 
 use tessera_core::{Error, Result};
 use tessera_lora::LoraAdapter;
-use tessera_model::{BatchMeta, KvStorage, LogitsFor, SeqChunk, Workspace};
+use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_scheduler::{
     KvMetrics, Request, SchedError, Scheduler, SchedulerConfig, StepPlan, StepResult,
 };
 
 use crate::constrain::Constraint;
+use crate::device::StepKv;
 use crate::live::{LiveRequest, TokenStep};
 use crate::request::{FinishReason, GenerateRequest, RequestEvent, SubmitError};
 use crate::speculate::{Speculator, Verified};
@@ -82,9 +83,9 @@ pub enum Fault {
 pub struct StepEngine<'e> {
     engine: &'e Engine,
     pub(crate) sched: Scheduler,
-    /// One KV storage and workspace per tensor-parallel rank.
-    kv: Vec<KvStorage>,
-    ws: Vec<Workspace>,
+    /// The KV storage and activation buffers on the engine's device (one storage and
+    /// workspace per tensor-parallel rank on the CPU).
+    kv: Box<dyn StepKv + 'e>,
     pub(crate) live: HashMap<u64, LiveRequest>,
     /// Speculative decoding, when on (see [`crate::spec`]).
     pub(crate) spec: Option<Speculator>,
@@ -112,18 +113,17 @@ impl<'e> StepEngine<'e> {
         if cfg.window.is_none() {
             cfg.window = window_group(engine, &cfg);
         }
-        let kv = match cfg.window {
-            Some(w) => engine.new_kv_windowed(cfg.block_size, cfg.num_blocks, w.num_blocks)?,
-            None => engine.new_kv(cfg.block_size, cfg.num_blocks)?,
-        };
+        let kv = engine.new_step_kv(
+            cfg.block_size,
+            cfg.num_blocks,
+            cfg.window.map(|w| w.num_blocks),
+        )?;
         let sched = Scheduler::new(cfg).map_err(|e| Error::Config(format!("scheduler: {e}")))?;
-        let kv_len = kv.len();
         let fit = sched.config().time_budget.map(|t| OnlineFit::new(t.cost));
         Ok(StepEngine {
             engine,
             sched,
             kv,
-            ws: (0..kv_len).map(|_| Workspace::new()).collect(),
             live: HashMap::new(),
             fit,
             // Beside the forward only where a core is left over: on a machine whose cores
@@ -155,7 +155,7 @@ impl<'e> StepEngine<'e> {
     }
     /// Bytes of the KV storage (every rank's).
     pub fn kv_bytes(&self) -> usize {
-        self.kv.iter().map(KvStorage::bytes).sum()
+        self.kv.bytes()
     }
 
     pub fn kv_metrics(&self) -> KvMetrics {
@@ -411,9 +411,9 @@ impl<'e> StepEngine<'e> {
         } else {
             Vec::new()
         };
-        let (kv, ws) = (&mut self.kv, &mut self.ws);
+        let kv = &mut self.kv;
         let logits = if ahead.is_empty() {
-            engine.forward_ranks(&batch, kv, ws, &adapters)?
+            kv.forward(&batch, &adapters)?
         } else {
             thread::scope(|scope| {
                 let _ = thread::Builder::new()
@@ -421,7 +421,7 @@ impl<'e> StepEngine<'e> {
                     .spawn_scoped(scope, move || {
                         ahead.into_iter().for_each(Constraint::prepare)
                     });
-                engine.forward_ranks(&batch, kv, ws, &adapters)
+                kv.forward(&batch, &adapters)
             })?
         };
         let mut result = StepResult::default();

@@ -446,6 +446,7 @@ fn tensor_size(t: &TensorInfo, dtype: DType) -> Result<usize> {
         .ok_or_else(|| bad(format!("tensor {}: size overflows", quote(&t.name))))
 }
 
+pub mod synthetic;
 pub mod writer;
 
 #[cfg(test)]

@@ -106,6 +106,19 @@ impl Rope {
         }
     }
 
+    /// The inverse wavelength of each rotated pair (`rope_dim / 2` of them), scaling
+    /// applied: what a device kernel needs to rotate as [`Rope::apply`] does.
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+    /// The factor on cos and sin (YaRN's attention temperature; 1 otherwise).
+    pub fn mscale(&self) -> f32 {
+        self.mscale
+    }
+    pub fn style(&self) -> RopeStyle {
+        self.style
+    }
+
     /// Rotates every head of `x` (`n_heads` heads of `head_dim`) for position `pos`.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize, cs: &mut Vec<(f32, f32)>) {
         cs.clear();

@@ -13,6 +13,7 @@ pub mod constrain;
 pub mod device;
 pub mod draft;
 pub mod engine;
+mod engine_kv;
 pub mod generate;
 mod live;
 pub mod overlap_plan;

@@ -92,7 +92,7 @@ mod tests {
         assert_eq!(m.matched(), Some(3));
         let mut m = StopMatcher::new(&["cd".to_string(), "c".into()]);
         // Both start at 1: the first listed.
-        assert_eq!(m.push("acd").1, true);
+        assert!(m.push("acd").1);
         assert_eq!(m.matched(), Some(0));
     }
 

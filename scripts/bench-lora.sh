@@ -61,65 +61,22 @@ if [[ -n "$ONLY" ]]; then
     [[ "${KINDS[0]%% *}" == "$ONLY" ]] || { echo "bench-lora: ONLY=$ONLY is not an adapter kind" >&2; exit 1; }
 fi
 
-SERVER_PID=""
-CLIENT_PID=""
+BENCH_NAME=bench-lora
 ADAPTER_DIR=""
-
-stop_server() {
-    if [[ -n "$SERVER_PID" ]]; then
-        if kill -0 "$SERVER_PID" 2>/dev/null; then
-            kill "$SERVER_PID" 2>/dev/null || true
-            for _ in $(seq 1 50); do
-                kill -0 "$SERVER_PID" 2>/dev/null || break
-                sleep 0.1
-            done
-            kill -9 "$SERVER_PID" 2>/dev/null || true
-        fi
-        wait "$SERVER_PID" 2>/dev/null || true
-        SERVER_PID=""
-    fi
-}
-
-cleanup() {
-    if [[ -n "$CLIENT_PID" ]]; then
-        kill "$CLIENT_PID" 2>/dev/null || true
-        wait "$CLIENT_PID" 2>/dev/null || true
-    fi
-    stop_server
+# shellcheck source=lib/serve-bench.sh
+source "$ROOT/scripts/lib/serve-bench.sh"
+bench_cleanup() {
     if [[ -n "$ADAPTER_DIR" ]]; then
         rm -rf "$ADAPTER_DIR"
     fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
-die() {
-    echo "bench-lora: $*" >&2
-    exit 1
-}
-
-# A local TCP port nothing listens on.
-free_port() {
-    local p
-    for _ in $(seq 1 200); do
-        p=$((20000 + RANDOM % 40000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
-
-# start_server LOG BATCHING LORA_ARGS... : starts the server, sets SERVER_PID and PORT,
-# waits for /health.
-start_server() {
+# start_lora_server LOG BATCHING LORA_ARGS... : starts the server with the knobs' flags,
+# sets SERVER_PID and PORT, waits for /health.
+start_lora_server() {
     local log=$1 batching=$2
     shift 2
-    PORT=$(free_port) || die "no free port"
-    local args=(serve --host 127.0.0.1 --port "$PORT" --served-model-name base
-        --max-loras "$COUNT" --lora-batching "$batching")
+    local args=(serve --served-model-name base --max-loras "$COUNT" --lora-batching "$batching")
     if [[ -n "$TP" ]]; then
         args+=(--tp "$TP")
     fi
@@ -129,22 +86,7 @@ start_server() {
     if [[ -n "$MODEL" ]]; then
         args+=(--model "$MODEL")
     fi
-    "$TESSERA" "${args[@]}" "$@" >"$log" 2>&1 &
-    SERVER_PID=$!
-    local waited=0
-    until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; do
-        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
-            cat "$log" >&2
-            SERVER_PID=""
-            die "the server exited before answering /health (log: $log)"
-        fi
-        sleep 0.5
-        waited=$((waited + 1))
-        if ((waited > HEALTH_TIMEOUT * 2)); then
-            tail -n 20 "$log" >&2
-            die "the server did not answer /health within ${HEALTH_TIMEOUT}s"
-        fi
-    done
+    start_server "$log" "$TESSERA" "${args[@]}" "$@"
 }
 
 # names N: "base" for 0, else a0,a1,...,a{N-1}.
@@ -205,7 +147,7 @@ run() {
     done
     local tag="$kind-$batching-$n"
     echo "== $kind, $batching batching, adapters: $(names "$n")"
-    start_server "$OUT_DIR/server-$tag.log" "$batching" "${lora[@]}"
+    start_lora_server "$OUT_DIR/server-$tag.log" "$batching" "${lora[@]}"
     # In the background and waited for, so that a signal stops everything at once.
     local row_file="$OUT_DIR/.row-$tag.json"
     "$TESSERA" bench serve --url "http://127.0.0.1:$PORT" \

@@ -1,4 +1,5 @@
-# Shared by the serving benchmark scripts (bench-structured.sh, bench-spec.sh): starting a
+# Shared by the serving benchmark scripts (bench-structured.sh, bench-spec.sh,
+# bench-lora.sh): starting a
 # server on a free local port and waiting for /health, stopping it (and a running client) on
 # any exit. Expects HEALTH_TIMEOUT (seconds); sets SERVER_PID and PORT.
 
@@ -21,12 +22,16 @@ stop_server() {
     fi
 }
 
+# A script's own clean-up, if it defines `bench_cleanup`, runs last.
 cleanup() {
     if [[ -n "$CLIENT_PID" ]]; then
         kill "$CLIENT_PID" 2>/dev/null || true
         wait "$CLIENT_PID" 2>/dev/null || true
     fi
     stop_server
+    if declare -F bench_cleanup >/dev/null; then
+        bench_cleanup
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT

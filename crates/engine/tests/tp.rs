@@ -4,14 +4,12 @@
 //! results are bitwise the same from run to run and for every sub-batching.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde_json::Value;
 use tessera_engine::generate::generate;
 use tessera_engine::sampling::argmax;
-use tessera_engine::{store, Engine, GenerateRequest, SamplingParams};
+use tessera_engine::{Engine, GenerateRequest, SamplingParams};
 use tessera_kernels::plan::Precision;
-use tessera_kernels::planner::Planner;
 
 mod common;
 
@@ -40,18 +38,7 @@ fn golden_prompts() -> Vec<(String, Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
-fn engine(tp: usize, precision: Precision) -> Engine {
-    let path = store::resolve_model(None).expect("default model");
-    Engine::load_tp(
-        &path,
-        2,
-        precision,
-        Planner::untuned(),
-        tp,
-        Duration::from_secs(10),
-    )
-    .unwrap()
-}
+use common::tp_engine as engine;
 
 #[test]
 fn ranks_2_to_4_match_one_rank_on_the_exact_path() {

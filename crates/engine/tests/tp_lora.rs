@@ -11,14 +11,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::sampling::argmax;
-use tessera_engine::{store, Engine, GenerateRequest, SamplingParams};
+use tessera_engine::{Engine, GenerateRequest, SamplingParams};
 use tessera_kernels::plan::Precision;
-use tessera_kernels::planner::Planner;
 
 mod common;
 
@@ -49,18 +47,7 @@ fn prompts(g: &Value) -> Vec<Vec<u32>> {
         .collect()
 }
 
-fn engine(tp: usize, precision: Precision) -> Engine {
-    let path = store::resolve_model(None).expect("default model");
-    Engine::load_tp(
-        &path,
-        2,
-        precision,
-        Planner::untuned(),
-        tp,
-        Duration::from_secs(10),
-    )
-    .unwrap()
-}
+use common::tp_engine as engine;
 
 fn load(e: &Engine, g: &Value, name: &str) -> Arc<LoraAdapter> {
     let rel = g["adapters"][name]["path"].as_str().unwrap();

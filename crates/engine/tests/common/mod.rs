@@ -6,14 +6,32 @@ pub mod golden;
 pub mod tiny;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tessera_engine::request::LoraAdapter;
 use tessera_engine::{
     Engine, GenerateRequest, RequestEvent, SamplingParams, SplitBy, StepEngine, SubBatching,
     KV_BLOCK_SIZE,
 };
+use tessera_kernels::plan::Precision;
+use tessera_kernels::planner::Planner;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_scheduler::SchedulerConfig;
+
+/// The default model over `tp` local ranks of one thread each (2 threads in all), untuned,
+/// with a 10 s collective timeout.
+pub fn tp_engine(tp: usize, precision: Precision) -> Engine {
+    let path = tessera_engine::store::resolve_model(None).expect("default model");
+    Engine::load_tp(
+        &path,
+        2,
+        precision,
+        Planner::untuned(),
+        tp,
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
 
 /// Logits of two steps over `prompts`: first every prompt's prefill (the last prompt only up
 /// to its middle), then a mixed step of one decode token per other prompt and the rest of the

@@ -251,6 +251,57 @@ async fn store_get_delete_and_continue() {
         .await;
     assert_eq!(status, 200, "{r3}");
     assert!(r3["usage"]["input_tokens"].as_u64().unwrap() > in2);
+    // The third response's input items: the whole conversation before it, newest first
+    // (three user turns and two answers), paged, with the same ids on every call.
+    let r3_id = r3["id"].as_str().unwrap();
+    let (status, l) = get(&s, &format!("/v1/responses/{r3_id}/input_items")).await;
+    assert_eq!(status, 200, "{l}");
+    assert_eq!(
+        (&l["object"], &l["has_more"]),
+        (&json!("list"), &json!(false))
+    );
+    let data = l["data"].as_array().unwrap();
+    assert_eq!(data.len(), 5, "{l}");
+    assert_eq!(data[0]["role"], "user");
+    assert_eq!(data[0]["content"], "Thanks.");
+    assert_eq!(data[4]["content"], "My name is Ada. Say hi.");
+    assert_eq!(data[1]["role"], "assistant");
+    assert!(data
+        .iter()
+        .all(|it| it["type"] == "message" && it["id"].is_string()));
+    assert_eq!(
+        (&l["first_id"], &l["last_id"]),
+        (&data[0]["id"], &data[4]["id"])
+    );
+    let (_, page) = get(
+        &s,
+        &format!("/v1/responses/{r3_id}/input_items?order=asc&limit=2"),
+    )
+    .await;
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["data"][0], data[4]);
+    let after = page["last_id"].as_str().unwrap();
+    let (_, rest) = get(
+        &s,
+        &format!("/v1/responses/{r3_id}/input_items?order=asc&limit=10&after={after}"),
+    )
+    .await;
+    assert_eq!(rest["data"].as_array().unwrap().len(), 3, "{rest}");
+    assert_eq!(rest["has_more"], false);
+    for (q, param) in [
+        ("limit=0", "limit"),
+        ("order=up", "order"),
+        ("page=2", "page"),
+    ] {
+        let (status, e) = get(&s, &format!("/v1/responses/{r3_id}/input_items?{q}")).await;
+        assert_eq!(
+            (status, e["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{e}"
+        );
+    }
+    let (status, _) = get(&s, "/v1/responses/resp_nope/input_items").await;
+    assert_eq!(status, 404);
     // Deleted: gone, and named in the 404.
     let (status, d) = delete(&s, &format!("/v1/responses/{id}")).await;
     assert_eq!(status, 200);

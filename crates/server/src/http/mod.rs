@@ -79,6 +79,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/responses/{id}",
             get(responses::get).delete(responses::delete),
         )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
         .route("/v1/models", get(models))
         .route("/v1/load_lora_adapter", post(lora::load))
         .route("/v1/unload_lora_adapter", post(lora::unload))

@@ -1,4 +1,5 @@
-//! `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`: the OpenAI Responses
+//! `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`,
+//! `GET /v1/responses/{id}/input_items`: the OpenAI Responses
 //! dialect. The request is read into a [`ChatTurn`](crate::turn::ChatTurn) ([`request`]);
 //! the turn's events become output items and OpenAI's typed stream events ([`output`]);
 //! with `store` the response and its conversation are kept in a byte-bounded LRU
@@ -12,7 +13,7 @@ pub mod store;
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -143,6 +144,96 @@ pub async fn get(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> 
         Some(s) => Json((*s.response).clone()).into_response(),
         None => unknown(&id).into_response(),
     }
+}
+
+/// `GET /v1/responses/{id}/input_items`: the conversation the response answered (its
+/// earlier turns included), as a list page. Items get ids made from the response's id and
+/// their position, the same on every call; `limit` (1 to 100, default 20), `order` (`desc`,
+/// the default, or `asc`) and `after` (an item id) page through them; `include` is accepted.
+pub async fn input_items(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Response {
+    match input_items_page(&state, &id, &query) {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn input_items_page(
+    state: &AppState,
+    id: &str,
+    query: &[(String, String)],
+) -> Result<Value, ApiError> {
+    let (mut limit, mut desc, mut after) = (20usize, true, None);
+    for (k, v) in query {
+        match k.as_str() {
+            "limit" => {
+                limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::invalid("limit", "limit must be an integer from 1 to 100")
+                    })?
+            }
+            "order" => {
+                desc = match v.as_str() {
+                    "desc" => true,
+                    "asc" => false,
+                    _ => return Err(ApiError::invalid("order", "order must be asc or desc")),
+                }
+            }
+            "after" => after = Some(v.clone()),
+            "include" | "include[]" => {}
+            _ => {
+                return Err(ApiError::invalid(
+                    k,
+                    format!("unknown query parameter {}", quote(k)),
+                ))
+            }
+        }
+    }
+    let stored = state.responses.get(id).ok_or_else(|| unknown(id))?;
+    let outputs = stored.response["output"].as_array().map_or(0, Vec::len);
+    let inputs = &stored.items[..stored.items.len().saturating_sub(outputs)];
+    let suffix = id.trim_start_matches("resp_");
+    let mut all: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let mut it = item.clone();
+            if let Some(o) = it.as_object_mut() {
+                o.entry("type").or_insert_with(|| json!("message"));
+                o.entry("id")
+                    .or_insert_with(|| json!(format!("item_{suffix}_{i}")));
+            }
+            it
+        })
+        .collect();
+    if desc {
+        all.reverse();
+    }
+    let start = match &after {
+        None => 0,
+        Some(a) => {
+            all.iter()
+                .position(|it| it["id"] == a.as_str())
+                .ok_or_else(|| {
+                    ApiError::invalid("after", format!("no input item {} in {id}", quote(a)))
+                })?
+                + 1
+        }
+    };
+    let page: Vec<Value> = all.iter().skip(start).take(limit).cloned().collect();
+    Ok(json!({
+        "object": "list",
+        "data": page,
+        "first_id": page.first().map(|v| v["id"].clone()),
+        "last_id": page.last().map(|v| v["id"].clone()),
+        "has_more": start + page.len() < all.len(),
+    }))
 }
 
 pub async fn delete(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {

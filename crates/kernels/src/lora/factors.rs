@@ -26,6 +26,15 @@ impl FactorView<'_> {
         self.len() == 0
     }
 
+    /// The first byte of the values and their size in bytes.
+    pub fn byte_span(&self) -> (*const u8, usize) {
+        match self {
+            FactorView::F32(v) => (v.as_ptr().cast(), std::mem::size_of_val(*v)),
+            FactorView::F16(v) => (v.as_ptr().cast(), std::mem::size_of_val(*v)),
+            FactorView::BF16(v) => (v.as_ptr().cast(), std::mem::size_of_val(*v)),
+        }
+    }
+
     /// Bytes of one value: 4, or 2 for halves.
     pub fn elem_bytes(&self) -> usize {
         match self {

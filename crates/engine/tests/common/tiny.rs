@@ -83,27 +83,7 @@ pub fn tiny_vocab() -> TokenizerSource {
         "<|im_start|>".into(),
         "<|im_end|>".into(),
     ];
-    // GPT-2 byte-to-unicode table.
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
-    let mut cs = bs.clone();
-    let mut n = 0;
-    for b in 0..256u32 {
-        if !bs.contains(&b) {
-            bs.push(b);
-            cs.push(256 + n);
-            n += 1;
-        }
-    }
-    let mut pairs: Vec<(u32, u32)> = bs.into_iter().zip(cs).collect();
-    pairs.sort();
-    tokens.extend(
-        pairs
-            .iter()
-            .map(|&(_, c)| char::from_u32(c).unwrap().to_string()),
-    );
+    tokens.extend(tessera_tokenizer::gguf::byte_level_symbols());
     tokens.extend(["he", "ll", "hell", "hello", "Ġw", "12"].map(String::from));
     let merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "1 2"]
         .map(String::from)

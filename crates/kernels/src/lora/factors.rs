@@ -3,6 +3,7 @@
 
 use half::{bf16, f16};
 
+use super::Ahead;
 use crate::Isa;
 
 /// A factor's values as held: f32, or halves the kernels convert to f32 as they load them.
@@ -90,13 +91,25 @@ pub(crate) unsafe trait Elem: Copy + Into<f32> + Send + Sync + 'static {
 
     /// `put(i, j, dot(xs[i], ws[j]))` for up to 4 × 4 rows of equal length: each element
     /// the crate's canonical dot product ([`crate::dot`]) of x with the converted row.
-    fn dot_tile(xs: &[&[f32]], ws: &[&[Self]], put: &mut dyn FnMut(usize, usize, f32));
+    /// Reports the bytes of `ws` it reads to `ahead`.
+    fn dot_tile(
+        xs: &[&[f32]],
+        ws: &[&[Self]],
+        put: &mut dyn FnMut(usize, usize, f32),
+        ahead: &mut Ahead,
+    );
 }
 
 // SAFETY: f32 is f32.
 unsafe impl Elem for f32 {
     const KIND: ElemKind = ElemKind::F32;
-    fn dot_tile(xs: &[&[f32]], ws: &[&[f32]], put: &mut dyn FnMut(usize, usize, f32)) {
+    fn dot_tile(
+        xs: &[&[f32]],
+        ws: &[&[f32]],
+        put: &mut dyn FnMut(usize, usize, f32),
+        ahead: &mut Ahead,
+    ) {
+        ahead.consume(ws.iter().map(|w| 4 * w.len()).sum());
         crate::dot_tile(xs, ws, put)
     }
 }
@@ -104,23 +117,38 @@ unsafe impl Elem for f32 {
 // SAFETY: `half::f16` is `repr(transparent)` over its IEEE binary16 bits.
 unsafe impl Elem for f16 {
     const KIND: ElemKind = ElemKind::F16;
-    fn dot_tile(xs: &[&[f32]], ws: &[&[f16]], put: &mut dyn FnMut(usize, usize, f32)) {
-        half_dot_tile(xs, ws, put)
+    fn dot_tile(
+        xs: &[&[f32]],
+        ws: &[&[f16]],
+        put: &mut dyn FnMut(usize, usize, f32),
+        ahead: &mut Ahead,
+    ) {
+        half_dot_tile(xs, ws, put, ahead)
     }
 }
 
 // SAFETY: `half::bf16` is `repr(transparent)` over its bfloat16 bits.
 unsafe impl Elem for bf16 {
     const KIND: ElemKind = ElemKind::BF16;
-    fn dot_tile(xs: &[&[f32]], ws: &[&[bf16]], put: &mut dyn FnMut(usize, usize, f32)) {
-        half_dot_tile(xs, ws, put)
+    fn dot_tile(
+        xs: &[&[f32]],
+        ws: &[&[bf16]],
+        put: &mut dyn FnMut(usize, usize, f32),
+        ahead: &mut Ahead,
+    ) {
+        half_dot_tile(xs, ws, put, ahead)
     }
 }
 
 /// [`crate::dot_tile`] with halves for the weight rows: the same arithmetic, bit for bit, on
 /// the converted values (AVX2: `tile_f32`'s FMA lanes, lane tree and tail; portable:
 /// `generic::dot_f32`'s).
-fn half_dot_tile<W: Elem>(xs: &[&[f32]], ws: &[&[W]], put: &mut dyn FnMut(usize, usize, f32)) {
+fn half_dot_tile<W: Elem>(
+    xs: &[&[f32]],
+    ws: &[&[W]],
+    put: &mut dyn FnMut(usize, usize, f32),
+    ahead: &mut Ahead,
+) {
     let k = xs.first().map_or(0, |x| x.len());
     let (mr, nr) = (xs.len(), ws.len());
     assert!(mr <= 4 && nr <= 4, "dot_tile takes at most 4 x 4 rows");
@@ -135,7 +163,8 @@ fn half_dot_tile<W: Elem>(xs: &[&[f32]], ws: &[&[W]], put: &mut dyn FnMut(usize,
                 let xp: [*const f32; $MR] = std::array::from_fn(|a| xs[a].as_ptr());
                 let wp: [*const W; $NR] = std::array::from_fn(|b| ws[b].as_ptr());
                 // SAFETY: AVX2+FMA+F16C checked via `Isa`; every row holds `k` values.
-                let r = unsafe { crate::x86::lora_avx2::shrink_tile::<$MR, $NR, W>(xp, wp, k) };
+                let r =
+                    unsafe { crate::x86::lora_avx2::shrink_tile::<$MR, $NR, W>(xp, wp, k, ahead) };
                 for a in 0..$MR {
                     for b in 0..$NR {
                         put(a, b, r[a][b]);
@@ -164,6 +193,7 @@ fn half_dot_tile<W: Elem>(xs: &[&[f32]], ws: &[&[W]], put: &mut dyn FnMut(usize,
         }
         return;
     }
+    ahead.consume(nr * k * std::mem::size_of::<W>());
     for a in 0..mr {
         for b in 0..nr {
             put(a, b, crate::generic::dot_f32_as(xs[a], ws[b]));

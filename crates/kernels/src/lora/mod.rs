@@ -32,7 +32,10 @@ use tessera_runtime::{split_range, split_range_aligned, DisjointMut, ThreadPool}
 
 use crate::Isa;
 
+mod ahead;
 mod factors;
+
+pub(crate) use ahead::Ahead;
 
 pub use factors::FactorView;
 pub(crate) use factors::{Elem, ElemKind};
@@ -297,16 +300,18 @@ pub fn lora_apply(
         LoraSplit::Rows => {
             let ts = DisjointMut::new(&mut scratch[..total]);
             on_units(&|p| {
+                let mut spans = Vec::new();
+                for_rows_part(tasks, k, parts, p, |ti, _, _| {
+                    spans.extend([tasks[ti].a.byte_span(), tasks[ti].b_t.byte_span()])
+                });
+                let mut ahead = Ahead::new(spans);
                 for_rows_part(tasks, k, parts, p, |ti, rows, off| {
                     let task = &tasks[ti];
-                    if let Some(next) = tasks.get(ti + 1) {
-                        prefetch_factors(next);
-                    }
                     let dots = rows.start * task.rank..rows.end * task.rank;
                     // SAFETY: parts own disjoint (task, row) items, hence scratch ranges.
                     let t = unsafe { ts.slice(off + dots.start, dots.len()) };
-                    shrink(x, k, task, dots, t);
-                    expand(isa, task, t, rows, 0..task.n, outs, out_stride);
+                    shrink(x, k, task, dots, t, &mut ahead);
+                    expand(isa, task, t, rows, 0..task.n, outs, out_stride, &mut ahead);
                 })
             });
         }
@@ -316,7 +321,7 @@ pub fn lora_apply(
                 for_dots_part(tasks, parts, p, |ti, dots, off| {
                     // SAFETY: parts own disjoint dot ranges, i.e. scratch ranges.
                     let t = unsafe { ts.slice(off + dots.start, dots.len()) };
-                    shrink(x, k, &tasks[ti], dots, t);
+                    shrink(x, k, &tasks[ti], dots, t, &mut Ahead::none());
                 })
             });
             let all_t = &scratch[..total];
@@ -327,7 +332,16 @@ pub fn lora_apply(
                     let cols = split_range_aligned(task.n, parts, p, COL_ALIGN);
                     if !cols.is_empty() {
                         let t = &all_t[off..off + len];
-                        expand(isa, task, t, 0..task.rows.len(), cols, outs, out_stride);
+                        expand(
+                            isa,
+                            task,
+                            t,
+                            0..task.rows.len(),
+                            cols,
+                            outs,
+                            out_stride,
+                            &mut Ahead::none(),
+                        );
                     }
                     off += len;
                 }
@@ -336,34 +350,18 @@ pub fn lora_apply(
     }
 }
 
-/// Asks for a task's factors (A and Bᵀ) to be brought into L2 ahead of its turn. A task's
-/// factors are short runs (rank rows of k and of n values) of another adapter's memory each
-/// time, which the hardware prefetchers barely ramp up on; fetched while the task before
-/// computes, they are read from L2 when their turn comes. A hint only: no result changes.
-#[inline]
-fn prefetch_factors(task: &LoraTask) {
-    #[cfg(target_arch = "x86_64")]
-    for (ptr, bytes) in [task.a.byte_span(), task.b_t.byte_span()] {
-        for off in (0..bytes).step_by(64) {
-            // SAFETY: `ptr.add(off)` stays inside the factor's slice (off < bytes); a
-            // prefetch (SSE, baseline on x86-64) reads nothing architecturally and never
-            // faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    ptr.add(off).cast(),
-                )
-            };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = task;
-}
-
 /// `t[d - dots.start] = dot(x[task row d / rank], A[d % rank])` for the task's dots `dots`
 /// (numbered `row·rank + r`, as in the scratch), in tiles of canonical dots: up to 3 whole
 /// rows × 4 ranks, sharing loads; a partial row at either end on its own.
-fn shrink(x: &[f32], k: usize, task: &LoraTask, dots: Range<usize>, t: &mut [f32]) {
-    with_values!(task.a, a => shrink_as(x, k, task, a, dots, t))
+fn shrink(
+    x: &[f32],
+    k: usize,
+    task: &LoraTask,
+    dots: Range<usize>,
+    t: &mut [f32],
+    ahead: &mut Ahead,
+) {
+    with_values!(task.a, a => shrink_as(x, k, task, a, dots, t, ahead))
 }
 
 /// [`shrink`] with A's values `a`.
@@ -374,8 +372,10 @@ fn shrink_as<W: Elem>(
     a: &[W],
     dots: Range<usize>,
     t: &mut [f32],
+    ahead: &mut Ahead,
 ) {
     let rank = task.rank;
+    let first_row = dots.start / rank;
     let x_row = |i: usize| &x[(task.rows.start + i) * k..][..k];
     let mut d = dots.start;
     while d < dots.end {
@@ -389,9 +389,16 @@ fn shrink_as<W: Elem>(
             let nr = (r1 - q).min(4);
             let ws: [&[W]; 4] = std::array::from_fn(|b| &a[(q + b.min(nr - 1)) * k..][..k]);
             let base = i0 * rank + q - dots.start;
-            W::dot_tile(&xs[..mr], &ws[..nr], &mut |i, r, v| {
-                t[base + i * rank + r] = v
-            });
+            let ahead = match i0 == first_row {
+                true => &mut *ahead,
+                false => &mut Ahead::none(),
+            };
+            W::dot_tile(
+                &xs[..mr],
+                &ws[..nr],
+                &mut |i, r, v| t[base + i * rank + r] = v,
+                ahead,
+            );
         }
         d += (mr - 1) * rank + r1 - r0;
     }
@@ -399,6 +406,8 @@ fn shrink_as<W: Elem>(
 
 /// `out[task row i, col0 + j] += scale · Σ_r t[i, r]·Bᵀ[r, j]` for local rows `rows` (`t`
 /// holds them from `rows.start`, `rank` apart) and columns `cols`, up to 4 rows at a time.
+/// The first rows' pass reports the factor bytes it reads to `ahead`.
+#[allow(clippy::too_many_arguments)]
 fn expand(
     isa: Isa,
     task: &LoraTask,
@@ -407,8 +416,9 @@ fn expand(
     cols: Range<usize>,
     outs: DisjointMut<f32>,
     out_stride: usize,
+    ahead: &mut Ahead,
 ) {
-    with_values!(task.b_t, b => expand_as(isa, task, b, t, rows, cols, outs, out_stride))
+    with_values!(task.b_t, b => expand_as(isa, task, b, t, rows, cols, outs, out_stride, ahead))
 }
 
 /// [`expand`] with Bᵀ's values `b_t`.
@@ -422,6 +432,7 @@ fn expand_as<W: Elem>(
     cols: Range<usize>,
     outs: DisjointMut<f32>,
     out_stride: usize,
+    ahead: &mut Ahead,
 ) {
     let (rank, len) = (task.rank, cols.len());
     assert!(cols.end <= task.n && t.len() >= rows.len() * rank);
@@ -444,7 +455,11 @@ fn expand_as<W: Elem>(
             // `ldb = n` apart and `cols.end <= n`, so each row r < rank of `b` has `len` values.
             unsafe {
                 let b = b.as_ptr();
-                crate::x86::lora_avx2::expand_rows(o, tp, mr, b, ldb, rank, len, task.scale)
+                let ahead = match i0 == rows.start {
+                    true => &mut *ahead,
+                    false => &mut Ahead::none(),
+                };
+                crate::x86::lora_avx2::expand_rows(o, tp, mr, b, ldb, rank, len, task.scale, ahead)
             }
         }
         return;
@@ -453,6 +468,9 @@ fn expand_as<W: Elem>(
         // SAFETY: this part owns these (row, column) elements of out.
         let o = unsafe { outs.slice(out_at(i), len) };
         expand_row_generic(o, t_row(i), b, ldb, task.scale);
+        if i == rows.start {
+            ahead.consume(rank * len * std::mem::size_of::<W>());
+        }
     }
 }
 

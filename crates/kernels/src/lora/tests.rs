@@ -321,7 +321,12 @@ fn half_tiles_equal_f32_tiles() {
                                 _ => unreachable!(),
                             })
                             .collect();
-                        f16::dot_tile(&x, &h, &mut |a, b, v| got[a * 4 + b] = v);
+                        f16::dot_tile(
+                            &x,
+                            &h,
+                            &mut |a, b, v| got[a * 4 + b] = v,
+                            &mut Ahead::none(),
+                        );
                     }
                     _ => {
                         let h: Vec<&[bf16]> = held[..nr]
@@ -331,7 +336,12 @@ fn half_tiles_equal_f32_tiles() {
                                 _ => unreachable!(),
                             })
                             .collect();
-                        bf16::dot_tile(&x, &h, &mut |a, b, v| got[a * 4 + b] = v);
+                        bf16::dot_tile(
+                            &x,
+                            &h,
+                            &mut |a, b, v| got[a * 4 + b] = v,
+                            &mut Ahead::none(),
+                        );
                     }
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::lora::{Elem, ElemKind};
+use crate::lora::{Ahead, Elem, ElemKind};
 
 /// 8 consecutive values at `p` as f32: a plain load for f32; `vcvtph2ps` for f16; for bf16
 /// the 16 bits widened to 32 and shifted into the high half (bf16 is f32's top half).
@@ -37,7 +37,8 @@ unsafe fn load8<W: Elem>(p: *const W) -> __m256 {
 }
 
 /// `avx2::tile_f32` with the weight rows `w` in `W` (converted by [`load8`]; the tail
-/// element by `Into<f32>`, exact too): `MR × NR` canonical dot products over `k`.
+/// element by `Into<f32>`, exact too): `MR × NR` canonical dot products over `k`. Reports
+/// the bytes of `w` it reads to `ahead`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C available; every `x[m]` valid for `k` f32 reads, every `w[n]` for `k`
@@ -47,11 +48,13 @@ pub(crate) unsafe fn shrink_tile<const MR: usize, const NR: usize, W: Elem>(
     x: [*const f32; MR],
     w: [*const W; NR],
     k: usize,
+    ahead: &mut Ahead,
 ) -> [[f32; NR]; MR] {
     let n8 = k / 8 * 8;
     let mut acc = [[_mm256_setzero_ps(); NR]; MR];
     let mut i = 0;
     while i < n8 {
+        ahead.consume(8 * NR * std::mem::size_of::<W>());
         let mut xv = [_mm256_setzero_ps(); MR];
         for m in 0..MR {
             xv[m] = _mm256_loadu_ps(x[m].add(i));
@@ -93,12 +96,13 @@ pub(crate) unsafe fn expand_rows<W: Elem>(
     rank: usize,
     len: usize,
     scale: f32,
+    ahead: &mut Ahead,
 ) {
     assert!((1..=4).contains(&mr), "expand_rows: {mr} rows");
-    let (o, p) = (out, t);
+    let (o, p, s) = (out, t, scale);
     match mr {
-        1 => expand_tile([o[0]], [p[0]], b, ldb, rank, len, scale),
-        2 => expand_tile([o[0], o[1]], [p[0], p[1]], b, ldb, rank, len, scale),
+        1 => expand_tile([o[0]], [p[0]], b, ldb, rank, len, s, ahead),
+        2 => expand_tile([o[0], o[1]], [p[0], p[1]], b, ldb, rank, len, s, ahead),
         3 => expand_tile(
             [o[0], o[1], o[2]],
             [p[0], p[1], p[2]],
@@ -106,20 +110,22 @@ pub(crate) unsafe fn expand_rows<W: Elem>(
             ldb,
             rank,
             len,
-            scale,
+            s,
+            ahead,
         ),
-        _ => expand_tile(o, p, b, ldb, rank, len, scale),
+        _ => expand_tile(o, p, b, ldb, rank, len, s, ahead),
     }
 }
 
 /// `out[m][j] = fma(scale, acc, out[m][j])` with `acc = fma(t[m][r], b[r·ldb + j], acc)`
 /// over r = 0..rank from +0, for `j < len` and the `MR` rows (sharing every load of `b`,
-/// halves converted as they are loaded).
+/// halves converted as they are loaded). Reports the bytes of `b` it reads to `ahead`.
 ///
 /// # Safety
 /// AVX2+FMA+F16C available; each `t[m]` valid for `rank` reads; for every `r < rank`,
 /// `b.add(r * ldb)` valid for `len` reads; each `out[m]` valid for `len` reads and writes,
 /// and the `MR` output rows overlap neither each other nor `t` or `b`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn expand_tile<const MR: usize, W: Elem>(
     out: [*mut f32; MR],
@@ -129,14 +135,15 @@ pub(crate) unsafe fn expand_tile<const MR: usize, W: Elem>(
     rank: usize,
     len: usize,
     scale: f32,
+    ahead: &mut Ahead,
 ) {
     let mut j = 0;
     while j + 16 <= len {
-        expand_block::<MR, 2, W>(out, t, b, ldb, rank, j, scale);
+        expand_block::<MR, 2, W>(out, t, b, ldb, rank, j, scale, ahead);
         j += 16;
     }
     if j + 8 <= len {
-        expand_block::<MR, 1, W>(out, t, b, ldb, rank, j, scale);
+        expand_block::<MR, 1, W>(out, t, b, ldb, rank, j, scale, ahead);
         j += 8;
     }
     while j < len {
@@ -157,6 +164,7 @@ pub(crate) unsafe fn expand_tile<const MR: usize, W: Elem>(
 ///
 /// # Safety
 /// As [`expand_tile`], with `j + 8·NV <= len`.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn expand_block<const MR: usize, const NV: usize, W: Elem>(
@@ -167,9 +175,11 @@ unsafe fn expand_block<const MR: usize, const NV: usize, W: Elem>(
     rank: usize,
     j: usize,
     scale: f32,
+    ahead: &mut Ahead,
 ) {
     let mut acc = [[_mm256_setzero_ps(); NV]; MR];
     for r in 0..rank {
+        ahead.consume(8 * NV * std::mem::size_of::<W>());
         let br = b.add(r * ldb + j);
         let mut bv = [_mm256_setzero_ps(); NV];
         for (h, v) in bv.iter_mut().enumerate() {
@@ -209,7 +219,10 @@ mod tests {
                 let tp: [*const f32; 4] = std::array::from_fn(|m| t[m * rank..].as_ptr());
                 // SAFETY: AVX2+FMA+F16C active; out rows are `len` apart in a 4·len buffer, t rows
                 // `rank` apart in 4·rank, b holds rank rows of len.
-                unsafe { super::expand_rows(o, tp, mr, b.as_ptr(), len, rank, len, 0.75) };
+                unsafe {
+                    let none = &mut crate::lora::Ahead::none();
+                    super::expand_rows(o, tp, mr, b.as_ptr(), len, rank, len, 0.75, none)
+                };
                 for m in 0..4 {
                     let mut want = vec![0.5f32; len];
                     if m < mr {

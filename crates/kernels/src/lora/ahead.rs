@@ -112,7 +112,13 @@ mod tests {
         let buf = vec![0u8; 4096];
         let base = buf.as_ptr() as usize;
         let at = |off: usize| (base + off) as *const u8;
-        let spans = [(at(10), 1), (at(100), 0), (at(130), 200), (at(1024), 64), (at(2000), 129)];
+        let spans = [
+            (at(10), 1),
+            (at(100), 0),
+            (at(130), 200),
+            (at(1024), 64),
+            (at(2000), 129),
+        ];
         let mut want = Vec::new();
         for &(p, n) in spans.iter().filter(|s| s.1 > 0) {
             let first = p as usize & !(LINE - 1);

@@ -1,6 +1,8 @@
 //! The element types LoRA factors are held in ([`FactorView`]) and the shrink's dot tile on
 //! halves, bitwise [`crate::dot_tile`] on their f32 values.
 
+use std::ops::Range;
+
 use half::{bf16, f16};
 
 use super::Ahead;
@@ -34,6 +36,17 @@ impl FactorView<'_> {
             FactorView::F16(v) => (v.as_ptr().cast(), std::mem::size_of_val(*v)),
             FactorView::BF16(v) => (v.as_ptr().cast(), std::mem::size_of_val(*v)),
         }
+    }
+
+    /// The first byte of values `elems` and their size in bytes (`elems` within the view).
+    pub fn byte_range(&self, elems: Range<usize>) -> (*const u8, usize) {
+        assert!(
+            elems.start <= elems.end && elems.end <= self.len(),
+            "byte_range: past the view"
+        );
+        let (p, b) = (self.byte_span().0, self.elem_bytes());
+        // SAFETY: `elems.start <= len`, so the offset stays within (or one past) the slice.
+        (unsafe { p.add(elems.start * b) }, elems.len() * b)
     }
 
     /// Bytes of one value: 4, or 2 for halves.

@@ -318,30 +318,38 @@ pub fn lora_apply(
         LoraSplit::Cols => {
             let ts = DisjointMut::new(&mut scratch[..total]);
             on_units(&|p| {
+                let mut spans = Vec::new();
+                for_dots_part(tasks, parts, p, |ti, dots, _| {
+                    let (t, row) = (&tasks[ti], dots.start / tasks[ti].rank);
+                    let within = dots.len() < t.rank && (dots.end - 1) / t.rank == row;
+                    let r = match within {
+                        true => dots.start % t.rank..(dots.end - 1) % t.rank + 1,
+                        false => 0..t.rank,
+                    };
+                    spans.push(t.a.byte_range(r.start * k..r.end * k));
+                });
+                let mut ahead = Ahead::new(spans);
                 for_dots_part(tasks, parts, p, |ti, dots, off| {
                     // SAFETY: parts own disjoint dot ranges, i.e. scratch ranges.
                     let t = unsafe { ts.slice(off + dots.start, dots.len()) };
-                    shrink(x, k, &tasks[ti], dots, t, &mut Ahead::none());
+                    shrink(x, k, &tasks[ti], dots, t, &mut ahead);
                 })
             });
             let all_t = &scratch[..total];
             on_units(&|p| {
+                let cols = |t: &LoraTask| split_range_aligned(t.n, parts, p, COL_ALIGN);
+                let mut ahead = Ahead::new(tasks.iter().filter(|t| active(t)).flat_map(|t| {
+                    let c = cols(t);
+                    (0..t.rank).map(move |r| t.b_t.byte_range(r * t.n + c.start..r * t.n + c.end))
+                }));
                 let mut off = 0;
                 for task in tasks.iter().filter(|t| active(t)) {
                     let len = t_len(task);
-                    let cols = split_range_aligned(task.n, parts, p, COL_ALIGN);
+                    let cols = cols(task);
                     if !cols.is_empty() {
                         let t = &all_t[off..off + len];
-                        expand(
-                            isa,
-                            task,
-                            t,
-                            0..task.rows.len(),
-                            cols,
-                            outs,
-                            out_stride,
-                            &mut Ahead::none(),
-                        );
+                        let rows = 0..task.rows.len();
+                        expand(isa, task, t, rows, cols, outs, out_stride, &mut ahead);
                     }
                     off += len;
                 }

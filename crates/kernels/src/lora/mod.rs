@@ -25,6 +25,9 @@
 //! Cost: `Σ rows·rank·(k + n)` multiply-adds and one read of each adapter's A and B. Each
 //! call makes one pool dispatch (rows split: a unit shrinks and expands its own rows) or two
 //! (columns split: a balanced shrink, then every task's columns divided among the units).
+//! Each part knows the factor bytes it will read, in order, and prefetches them a fixed
+//! distance ahead of its reads ([`Ahead`]): a decode step's factors are many short runs in
+//! separate allocations, which the hardware prefetchers alone leave waiting on memory.
 
 use std::ops::Range;
 

@@ -26,7 +26,7 @@
 //! call makes one pool dispatch (rows split: a unit shrinks and expands its own rows) or two
 //! (columns split: a balanced shrink, then every task's columns divided among the units).
 //! Each part knows the factor bytes it will read, in order, and prefetches them a fixed
-//! distance ahead of its reads ([`Ahead`]): a decode step's factors are many short runs in
+//! distance ahead of its reads (`ahead::Ahead`): a decode step's factors are many short runs in
 //! separate allocations, which the hardware prefetchers alone leave waiting on memory.
 
 use std::ops::Range;

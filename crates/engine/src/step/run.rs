@@ -11,11 +11,15 @@ use tessera_lora::LoraAdapter;
 use tessera_model::{BatchMeta, LogitsFor, SeqChunk};
 use tessera_scheduler::{StepPlan, StepResult};
 
+#[cfg(feature = "fault-injection")]
+use super::Fault;
 use super::StepEngine;
 use crate::constrain::Constraint;
 use crate::live::{LiveRequest, TokenStep};
 use crate::request::{FinishReason, RequestEvent};
 use crate::speculate::Verified;
+#[cfg(feature = "fault-injection")]
+use tessera_core::Error;
 
 /// What [`StepEngine::run_plan`] did: the scheduler's result, the events, and the requests
 /// whose sampling failed (with why), which are not in the result.

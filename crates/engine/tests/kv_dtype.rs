@@ -8,14 +8,12 @@
 //! per-prompt figures behind what docs/serving.md says of `--kv-dtype f16`.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde_json::Value;
 use tessera_engine::generate::generate;
 use tessera_engine::sampling::argmax;
-use tessera_engine::{store, Engine, GenerateRequest, KvDtype, SamplingParams, KV_BLOCK_SIZE};
+use tessera_engine::{Engine, GenerateRequest, KvDtype, SamplingParams, KV_BLOCK_SIZE};
 use tessera_kernels::plan::Precision;
-use tessera_kernels::planner::Planner;
 use tessera_model::Logits;
 
 mod common;
@@ -35,16 +33,7 @@ const MIN_TOP1_AGREEMENT: f64 = 0.99;
 const LONG: usize = 1500;
 
 fn engine(precision: Precision, tp: usize) -> Engine {
-    let path = store::resolve_model(None).expect("default model (run `tessera pull`)");
-    Engine::load_tp(
-        &path,
-        2,
-        precision,
-        Planner::untuned(),
-        tp,
-        Duration::from_secs(10),
-    )
-    .unwrap()
+    common::tp_engine(tp, precision)
 }
 
 /// The golden prompts, and the first [`LONG`] tokens of docs/design.md.

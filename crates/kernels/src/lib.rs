@@ -52,6 +52,19 @@ pub mod variants;
 pub mod x86;
 
 pub use isa::Isa;
+
+/// Hints the cache line holding `p` into L2 (on other architectures, nothing). A hint only:
+/// it reads nothing architecturally and never faults, whatever the address.
+#[inline(always)]
+pub(crate) fn prefetch_l2(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch (SSE, baseline on x86-64) never faults and changes no value.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
 pub use lora::{
     lora_apply, lora_apply_reference, plan_lora, FactorView, LoraPlan, LoraSplit, LoraTask,
 };

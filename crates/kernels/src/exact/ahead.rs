@@ -62,14 +62,8 @@ impl<'a> Ahead<'a> {
 
     pub(super) fn step(&mut self) {
         let end = (self.at + self.per_step).min(self.bytes.len());
-        #[cfg(target_arch = "x86_64")]
         while self.at < end {
-            // SAFETY: a prefetch is a hint; the address is inside `bytes` anyway.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                    self.bytes.as_ptr().add(self.at).cast(),
-                )
-            };
+            crate::prefetch_l2(self.bytes.as_ptr().wrapping_add(self.at));
             self.at += 64;
         }
         self.at = end;

@@ -71,7 +71,7 @@ impl Ahead {
     #[inline(always)]
     fn next_line(&mut self) {
         if let Some(addr) = self.advance() {
-            prefetch(addr);
+            crate::prefetch_l2(addr as *const u8);
         }
     }
 
@@ -87,18 +87,6 @@ impl Ahead {
         }
         Some(addr)
     }
-}
-
-#[inline(always)]
-fn prefetch(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch (SSE, baseline on x86-64) reads nothing architecturally and never
-    // faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(addr as *const i8)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
 }
 
 #[cfg(test)]
